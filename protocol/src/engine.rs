@@ -1,0 +1,642 @@
+//! The GoPALS engine: one deterministic state machine per node.
+//!
+//! Driven like quinn-proto or str0m: the shell calls [`Engine::handle`] with
+//! the current time and an [`Input`], drains [`Engine::poll_output`] until it
+//! returns `None`, and calls [`Engine::handle_timeout`] when
+//! [`Engine::poll_timeout`] is reached. The engine never reads a clock,
+//! never touches a socket, file or thread, and draws randomness only from
+//! its seed: the same inputs give the same outputs, bit for bit. The node
+//! (tokio + libp2p + candle) and the simulator (virtual time) drive this
+//! same code.
+//!
+//! It works on flat f32 parameter buffers; the trainer converts to and from
+//! tensors. Every mechanism is a switch in [`EngineConfig`]; the baselines
+//! (`ddp`, `diloco`, `diloco-proportional`, `async`) are presets.
+
+pub mod anti_entropy;
+pub mod config;
+pub mod membership;
+pub mod outer;
+mod receive;
+mod round;
+pub mod snapshot;
+pub mod staleness;
+pub mod tick;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    sync::Arc,
+};
+
+pub use config::{
+    AntiEntropyConfig, EngineConfig, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig, Schedule,
+    StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
+};
+use membership::{Membership, PeerInfo};
+use outer::OuterState;
+pub use snapshot::{EngineCheckpoint, ReplicaState};
+use tick::TickClock;
+
+use crate::{
+    codec::ErrorFeedback,
+    ids::{Hash32, NodeId, RunId, UpdateId},
+    ledger::RecordKind,
+    rng::SeededRng,
+    time::Micros,
+    validate::RejectReason,
+    version::{AppliedSet, VersionVector},
+    wire::{Heartbeat, ReplicaDigest, UpdateAnnouncement},
+};
+
+/// Most fetches in flight at once; beyond it the oldest is abandoned.
+pub const MAX_AWAITING: usize = 1024;
+/// Most updates waiting for the next canonical batch.
+pub const MAX_PENDING: usize = 4096;
+/// Most announcements fetched per anti-entropy exchange.
+pub const MAX_ANTI_ENTROPY_FETCHES: usize = 32;
+/// Ticks of arrival bookkeeping kept.
+const ARRIVAL_HISTORY: u64 = 8;
+/// A fetch not answered within this long is abandoned.
+const FETCH_TIMEOUT: Micros = Micros(60_000_000);
+
+/// Work for the trainer: start from `anchor`, take `steps` inner steps.
+#[derive(Clone, Debug)]
+pub struct LocalPhase {
+    /// The round this phase closes.
+    pub round: u64,
+    /// The anchor to start from (shared with the engine, not copied).
+    pub anchor: Arc<Vec<f32>>,
+    /// Inner steps to take.
+    pub steps: u32,
+    /// Train with inner AdamW, or compute one gradient.
+    pub mode: LocalMode,
+    /// Pseudo-synchronisation settings for the inner loop.
+    pub pull: PullConfig,
+    /// Seed for the phase's own random choices (pull steps).
+    pub seed: u64,
+}
+
+/// What the trainer hands back.
+#[derive(Clone, Debug)]
+pub struct LocalResult {
+    /// The round of the phase.
+    pub round: u64,
+    /// `theta` after the phase (train mode) or the gradient (gradient mode).
+    pub params: Vec<f32>,
+    /// Steps actually taken.
+    pub steps: u32,
+    /// Samples processed.
+    pub samples: u64,
+    /// Mean training loss.
+    pub loss: f32,
+    /// Estimated floating-point operations.
+    pub flops: f64,
+}
+
+/// An update to sign and disseminate.
+#[derive(Clone, Debug)]
+pub struct Publication {
+    /// The announcement (the shell signs it).
+    pub announcement: UpdateAnnouncement,
+    /// The encoded payload.
+    pub payload: Arc<Vec<u8>>,
+}
+
+/// Something happened that a shell may want to count or log.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// A local phase started.
+    RoundStarted {
+        /// Round.
+        round: u64,
+        /// Steps planned.
+        steps: u32,
+        /// Tick it started in (tick mode).
+        base_tick: u64,
+    },
+    /// An update was applied to the anchor.
+    Applied {
+        /// Which.
+        id: UpdateId,
+        /// Staleness measured.
+        staleness: u64,
+        /// Weight applied.
+        weight: f32,
+        /// Live node count used.
+        nodes: usize,
+    },
+    /// An update was dropped.
+    Dropped {
+        /// Which.
+        id: UpdateId,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// A fetch failed on every source.
+    FetchAbandoned {
+        /// Which.
+        id: UpdateId,
+    },
+    /// An outer round closed (N arrivals).
+    OuterRound {
+        /// Outer rounds so far.
+        outer_rounds: u64,
+    },
+    /// A peer joined the live set.
+    PeerJoined(NodeId),
+    /// A peer left the live set.
+    PeerLeft(NodeId),
+    /// The estimated relative distance between our anchor and a peer's.
+    ConsensusDistance {
+        /// The peer.
+        peer: NodeId,
+        /// `||x_me - x_peer|| / ||x_me||`, estimated from sketches.
+        distance: f32,
+    },
+    /// Anchors were averaged with a peer's (anti-entropy repair).
+    AnchorsAveraged {
+        /// The peer.
+        peer: NodeId,
+    },
+}
+
+/// What the engine asks its shell to do.
+#[derive(Clone, Debug)]
+pub enum Output {
+    /// Run a local phase on the trainer.
+    StartLocalPhase(LocalPhase),
+    /// Sign and disseminate an update.
+    Publish(Publication),
+    /// Fetch a payload from a peer, then report `Input::Payload` or `Input::FetchFailed`.
+    FetchPayload {
+        /// Which.
+        id: UpdateId,
+        /// From whom.
+        from: NodeId,
+        /// Expected bytes.
+        len: u64,
+        /// Expected hash.
+        hash: Hash32,
+    },
+    /// Fetch an announcement we missed (anti-entropy), then report `Input::Announcement`.
+    FetchAnnouncement {
+        /// Which.
+        id: UpdateId,
+        /// From whom.
+        from: NodeId,
+    },
+    /// Sign and gossip a heartbeat.
+    SendHeartbeat(Heartbeat),
+    /// Exchange digests with a peer, reporting theirs as `Input::PeerDigest`.
+    AntiEntropy {
+        /// The peer.
+        peer: NodeId,
+        /// Our digest.
+        digest: ReplicaDigest,
+    },
+    /// Fetch a peer's replica state, reporting it as `Input::PeerAnchor`.
+    FetchAnchor {
+        /// The peer.
+        from: NodeId,
+    },
+    /// Sign and append a ledger record.
+    Record(RecordKind),
+    /// Count or log this.
+    Event(EngineEvent),
+}
+
+/// What happens to the engine.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// Begin taking part.
+    Start,
+    /// The trainer finished a local phase.
+    LocalPhaseDone(LocalResult),
+    /// A validated (signature, run, shape) announcement arrived via `from`.
+    Announcement {
+        /// The announcement.
+        announcement: UpdateAnnouncement,
+        /// A peer that holds the payload.
+        from: NodeId,
+    },
+    /// Another peer says it holds a payload.
+    PayloadSource {
+        /// Which.
+        id: UpdateId,
+        /// Who holds it.
+        from: NodeId,
+    },
+    /// A fetched payload that passed validation (hash, structure, finite, norm).
+    Payload {
+        /// Which.
+        id: UpdateId,
+        /// The encoded payload.
+        bytes: Vec<u8>,
+    },
+    /// A fetch failed; with a reason when the payload itself was refused.
+    FetchFailed {
+        /// Which.
+        id: UpdateId,
+        /// The peer asked.
+        from: NodeId,
+        /// Why the payload was refused, if it was.
+        reason: Option<RejectReason>,
+    },
+    /// A validated heartbeat.
+    Heartbeat(Heartbeat),
+    /// A peer disconnected or left.
+    PeerDown(NodeId),
+    /// A peer's digest (anti-entropy request or response).
+    PeerDigest {
+        /// The peer.
+        from: NodeId,
+        /// Its digest.
+        digest: ReplicaDigest,
+    },
+    /// A peer's replica state, fetched after `Output::FetchAnchor`.
+    PeerAnchor {
+        /// The peer.
+        from: NodeId,
+        /// Its state.
+        state: Box<ReplicaState>,
+    },
+    /// Leave the swarm cleanly.
+    Leave,
+}
+
+/// What the engine is doing.
+#[derive(Clone, Debug)]
+enum Phase {
+    /// Not started yet.
+    Created,
+    /// Waiting to start the next round.
+    Waiting,
+    /// A local phase is running on the trainer.
+    Training(Training),
+    /// Left the swarm.
+    Stopped,
+}
+
+#[derive(Clone, Debug)]
+struct Training {
+    round: u64,
+    started: Micros,
+    base: Arc<Vec<f32>>,
+    base_version: VersionVector,
+    base_applied_total: u64,
+    base_tick: u64,
+}
+
+/// An update whose payload is being fetched.
+#[derive(Clone, Debug)]
+struct Awaiting {
+    announcement: UpdateAnnouncement,
+    sources: Vec<NodeId>,
+    tried: usize,
+    since: Micros,
+}
+
+/// An update ready to apply at the next canonical batch.
+#[derive(Clone, Debug)]
+struct Pending {
+    announcement: UpdateAnnouncement,
+    bytes: Arc<Vec<u8>>,
+}
+
+/// Counters the shells export as metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineStats {
+    /// Local phases completed.
+    pub rounds: u64,
+    /// Updates applied (own included).
+    pub applied: u64,
+    /// Updates dropped, by reason.
+    pub dropped: BTreeMap<RejectReason, u64>,
+    /// Staleness of applied updates: index = tau (last bucket = 7 or more).
+    pub staleness_histogram: [u64; 8],
+    /// Anchor averages done by anti-entropy.
+    pub anchors_averaged: u64,
+    /// Inner steps taken.
+    pub steps: u64,
+    /// Samples processed.
+    pub samples: u64,
+    /// Mean training loss of the last round.
+    pub last_loss: f32,
+}
+
+use serde::{Deserialize, Serialize};
+
+/// The GoPALS state machine of one node.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    me: NodeId,
+    run_id: RunId,
+    t0: Micros,
+    rng: SeededRng,
+    // The replica (shared state).
+    anchor: Arc<Vec<f32>>,
+    outer: OuterState,
+    version: VersionVector,
+    applied: AppliedSet,
+    given_up: AppliedSet,
+    clock: Option<TickClock>,
+    // Our own work.
+    round: u64,
+    first_round: u64,
+    phase: Phase,
+    started_at: Micros,
+    residual: ErrorFeedback,
+    membership: Membership,
+    last_base_tick: Option<u64>,
+    // Receive pipeline.
+    awaiting: BTreeMap<UpdateId, Awaiting>,
+    pending: Vec<Pending>,
+    tick_arrivals: BTreeMap<u64, BTreeSet<NodeId>>,
+    last_tick_of: BTreeMap<NodeId, u64>,
+    // Timers and outputs.
+    wake_at: Option<Micros>,
+    startup_until: Option<Micros>,
+    next_heartbeat: Micros,
+    heartbeat_seq: u64,
+    outputs: VecDeque<Output>,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// A fresh engine for node `me` of run `run_id`, starting from
+    /// `initial` parameters, with an initial speed guess (steps/s). `t0`
+    /// is tick 0 of the run's clock; `seed` drives every random choice.
+    pub fn new(
+        cfg: EngineConfig,
+        me: NodeId,
+        run_id: RunId,
+        t0: Micros,
+        initial: Vec<f32>,
+        initial_speed: f32,
+        seed: u64,
+    ) -> Self {
+        let n = initial.len();
+        let membership = Membership::new(
+            me,
+            initial_speed.max(1e-6),
+            Micros(cfg.membership.peer_timeout_ms as u64 * 1000),
+            cfg.membership.max_peers as usize,
+        );
+        Self {
+            outer: OuterState::new(cfg.outer.kind, n),
+            cfg,
+            me,
+            run_id,
+            t0,
+            rng: SeededRng::derive(seed, "engine"),
+            anchor: Arc::new(initial),
+            version: VersionVector::new(),
+            applied: AppliedSet::new(),
+            given_up: AppliedSet::new(),
+            clock: None,
+            round: 0,
+            first_round: 0,
+            phase: Phase::Created,
+            started_at: Micros::ZERO,
+            residual: ErrorFeedback::new(),
+            membership,
+            last_base_tick: None,
+            awaiting: BTreeMap::new(),
+            pending: Vec::new(),
+            tick_arrivals: BTreeMap::new(),
+            last_tick_of: BTreeMap::new(),
+            wake_at: None,
+            startup_until: None,
+            next_heartbeat: Micros::ZERO,
+            heartbeat_seq: 0,
+            outputs: VecDeque::new(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// Handles one input at time `now`; drain [`Engine::poll_output`] after.
+    pub fn handle(&mut self, now: Micros, input: Input) {
+        self.expire_peers(now);
+        match input {
+            Input::Start => self.on_start(now),
+            Input::LocalPhaseDone(result) => self.on_local_phase_done(now, result),
+            Input::Announcement { announcement, from } => self.on_announcement(now, announcement, from),
+            Input::PayloadSource { id, from } => self.on_payload_source(id, from),
+            Input::Payload { id, bytes } => self.on_payload(now, id, bytes),
+            Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),
+            Input::Heartbeat(hb) => self.on_heartbeat(now, hb),
+            Input::PeerDown(peer) => {
+                if self.membership.remove(&peer) {
+                    self.forget_peer(peer);
+                }
+            }
+            Input::PeerDigest { from, digest } => self.on_peer_digest(from, digest),
+            Input::PeerAnchor { from, state } => self.on_peer_anchor(from, *state),
+            Input::Leave => self.on_leave(),
+        }
+        self.try_start_round(now);
+    }
+
+    /// Handles timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Micros) {
+        self.expire_peers(now);
+        self.expire_fetches(now);
+        if matches!(self.phase, Phase::Stopped | Phase::Created) {
+            return;
+        }
+        if now >= self.next_heartbeat {
+            self.send_heartbeat(now, false);
+        }
+        if self.wake_at.is_some_and(|t| now >= t) {
+            self.wake_at = None;
+        }
+        self.try_start_round(now);
+    }
+
+    /// The next time [`Engine::handle_timeout`] must be called.
+    pub fn poll_timeout(&self) -> Option<Micros> {
+        if matches!(self.phase, Phase::Stopped | Phase::Created) {
+            return None;
+        }
+        let mut t = Some(self.next_heartbeat);
+        let mut consider = |x: Option<Micros>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        consider(self.wake_at);
+        consider(self.membership.next_expiry());
+        consider(self.awaiting.values().map(|a| a.since + FETCH_TIMEOUT).min());
+        t
+    }
+
+    /// The next output to act on.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The anchor (this node's replica of the shared model).
+    pub fn anchor(&self) -> &[f32] {
+        &self.anchor
+    }
+
+    /// The anchor, shared without copying.
+    pub fn anchor_arc(&self) -> Arc<Vec<f32>> {
+        self.anchor.clone()
+    }
+
+    /// The version vector.
+    pub fn version(&self) -> &VersionVector {
+        &self.version
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// This node.
+    pub fn node_id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The round this node trains (or will train next).
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Live nodes, us included.
+    pub fn live_nodes(&self) -> usize {
+        self.membership.live_count()
+    }
+
+    /// Our speed estimate (steps/s).
+    pub fn speed(&self) -> f32 {
+        self.membership.my_speed()
+    }
+
+    /// Outer rounds completed.
+    pub fn outer_rounds(&self) -> u64 {
+        self.outer.outer_rounds
+    }
+
+    /// True while a local phase runs.
+    pub fn is_training(&self) -> bool {
+        matches!(self.phase, Phase::Training(_))
+    }
+
+    /// Live peers and what we know of them.
+    pub fn peers(&self) -> impl Iterator<Item = (&NodeId, &PeerInfo)> {
+        self.membership.peers()
+    }
+
+    /// Whether `id` has been applied.
+    pub fn has_applied(&self, id: &UpdateId) -> bool {
+        self.applied.contains(id)
+    }
+
+    fn emit(&mut self, output: Output) {
+        self.outputs.push_back(output);
+    }
+
+    fn event(&mut self, event: EngineEvent) {
+        self.outputs.push_back(Output::Event(event));
+    }
+
+    fn drop_update(&mut self, announcement: &UpdateAnnouncement, reason: RejectReason, record: bool) {
+        *self.stats.dropped.entry(reason).or_insert(0) += 1;
+        self.given_up.insert(announcement.id);
+        if record {
+            self.emit(Output::Record(RecordKind::Receipt {
+                update: announcement.id,
+                payload_hash: announcement.payload_hash,
+                samples: announcement.samples,
+                outcome: crate::ledger::ReceiptOutcome::Rejected { reason },
+            }));
+        }
+        self.event(EngineEvent::Dropped { id: announcement.id, reason });
+    }
+
+    fn on_start(&mut self, now: Micros) {
+        if !matches!(self.phase, Phase::Created) {
+            return;
+        }
+        self.phase = Phase::Waiting;
+        self.started_at = now;
+        self.emit(Output::Record(RecordKind::Join { speed: self.membership.my_speed(), device: String::new() }));
+        self.send_heartbeat(now, false);
+        // Let heartbeats of peers arrive before the first round sizes itself.
+        if matches!(self.cfg.schedule, Schedule::Tick { .. }) && self.clock.is_none() {
+            let until = now + Micros(self.cfg.membership.heartbeat_ms as u64 * 1000);
+            self.startup_until = Some(until);
+            self.wake_at = Some(until);
+        }
+    }
+
+    fn on_leave(&mut self) {
+        if matches!(self.phase, Phase::Stopped) {
+            return;
+        }
+        self.phase = Phase::Stopped;
+        let round = self.round;
+        self.emit(Output::Record(RecordKind::Leave { round, reason: "clean shutdown".into() }));
+        self.send_heartbeat(Micros::ZERO, true);
+    }
+
+    fn send_heartbeat(&mut self, now: Micros, leaving: bool) {
+        self.heartbeat_seq += 1;
+        let hb = Heartbeat {
+            run_id: self.run_id,
+            src: self.me,
+            seq: self.heartbeat_seq,
+            speed: self.membership.my_speed(),
+            round: self.round,
+            first_round: self.first_round,
+            applied_total: self.version.total(),
+            leaving,
+        };
+        self.emit(Output::SendHeartbeat(hb));
+        self.next_heartbeat = now + Micros(self.cfg.membership.heartbeat_ms as u64 * 1000);
+    }
+
+    fn on_heartbeat(&mut self, now: Micros, hb: Heartbeat) {
+        if hb.run_id != self.run_id || hb.src == self.me {
+            return;
+        }
+        if hb.leaving {
+            if self.membership.remove(&hb.src) {
+                self.forget_peer(hb.src);
+            }
+            return;
+        }
+        let info = PeerInfo { speed: hb.speed, last_seen: now, first_round: hb.first_round, round: hb.round };
+        if self.membership.heard(hb.src, info) == membership::MembershipChange::Joined {
+            self.event(EngineEvent::PeerJoined(hb.src));
+        }
+    }
+
+    fn expire_peers(&mut self, now: Micros) {
+        for peer in self.membership.expire(now) {
+            self.forget_peer(peer);
+        }
+    }
+
+    fn forget_peer(&mut self, peer: NodeId) {
+        self.last_tick_of.remove(&peer);
+        self.event(EngineEvent::PeerLeft(peer));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,144 @@
+//! Anti-entropy: the repair path after partitions, losses and restarts.
+//! Peers exchange digests (what they applied or gave up, and a sketch of
+//! their anchor); each fetches what it misses; when both have seen the same
+//! set of updates but their anchors still differ by more than a threshold,
+//! one fetches the other's anchor and averages.
+
+use std::sync::Arc;
+
+use super::{Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output, snapshot::ReplicaState};
+use crate::{
+    ids::NodeId,
+    version::AppliedSet,
+    wire::{MAX_SKETCH_VALUES, ReplicaDigest},
+};
+
+/// Values in an anchor sketch.
+const SKETCH_VALUES: usize = 1024;
+
+/// Anchor values at `SKETCH_VALUES` evenly strided positions: the same
+/// positions on every replica, so sketches compare coordinate by coordinate.
+pub fn anchor_sketch(anchor: &[f32]) -> Vec<f32> {
+    let n = anchor.len();
+    let m = SKETCH_VALUES.min(n);
+    (0..m).map(|i| anchor[i * n / m]).collect()
+}
+
+/// `||a - b|| / ||a||`, or `None` when the sketches do not match in length.
+pub fn relative_distance(a: &[f32], b: &[f32]) -> Option<f32> {
+    if a.len() != b.len() {
+        return None;
+    }
+    let (mut d, mut na) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += ((x - y) as f64).powi(2);
+        na += (*x as f64).powi(2);
+    }
+    Some((d.sqrt() / na.sqrt().max(1e-12)) as f32)
+}
+
+impl Engine {
+    /// Everything this replica has seen: applied, or given up as too stale.
+    fn seen(&self) -> AppliedSet {
+        let mut s = self.applied.clone();
+        s.union(&self.given_up);
+        s
+    }
+
+    /// This replica's digest.
+    pub fn digest(&self) -> ReplicaDigest {
+        ReplicaDigest {
+            run_id: self.run_id,
+            version: self.version.clone(),
+            applied: self.seen(),
+            sketch: anchor_sketch(&self.anchor),
+        }
+    }
+
+    /// The shared replica state, for a joiner or an anti-entropy peer.
+    pub fn replica_state(&self) -> ReplicaState {
+        ReplicaState {
+            anchor: self.anchor.as_ref().clone(),
+            outer: self.outer.clone(),
+            version: self.version.clone(),
+            applied: self.applied.clone(),
+            clock: self.clock.clone(),
+            round: self.round,
+        }
+    }
+
+    pub(super) fn start_anti_entropy(&mut self) {
+        let peers: Vec<NodeId> = self.membership.peers().map(|(id, _)| *id).collect();
+        if peers.is_empty() {
+            return;
+        }
+        let peer = peers[self.rng.below(peers.len() as u64) as usize];
+        let digest = self.digest();
+        self.emit(Output::AntiEntropy { peer, digest });
+    }
+
+    pub(super) fn on_peer_digest(&mut self, from: NodeId, digest: ReplicaDigest) {
+        if digest.run_id != self.run_id || digest.sketch.len() > MAX_SKETCH_VALUES {
+            return;
+        }
+        let mine = self.seen();
+        let missing: Vec<_> = digest
+            .applied
+            .missing_from(&mine)
+            .into_iter()
+            .filter(|id| !self.awaiting.contains_key(id) && !self.pending.iter().any(|p| p.announcement.id == *id))
+            .collect();
+        for id in missing.iter().take(MAX_ANTI_ENTROPY_FETCHES) {
+            self.emit(Output::FetchAnnouncement { id: *id, from });
+        }
+        let Some(distance) = relative_distance(&anchor_sketch(&self.anchor), &digest.sketch) else {
+            return;
+        };
+        self.event(EngineEvent::ConsensusDistance { peer: from, distance });
+        let same_set = missing.is_empty() && mine.missing_from(&digest.applied).is_empty();
+        if same_set && distance > self.cfg.anti_entropy.distance_threshold {
+            self.emit(Output::FetchAnchor { from });
+        }
+    }
+
+    pub(super) fn on_peer_anchor(&mut self, from: NodeId, state: ReplicaState) {
+        if state.anchor.len() != self.anchor.len() || state.anchor.iter().any(|v| !v.is_finite()) {
+            return;
+        }
+        let anchor = Arc::make_mut(&mut self.anchor);
+        average_into(anchor, &state.anchor);
+        // The outer momentum must agree too, or it pushes the anchors apart again.
+        if state.outer.fits(self.cfg.outer.kind, anchor.len()) {
+            average_into(&mut self.outer.momentum, &state.outer.momentum);
+            average_into(&mut self.outer.second_moment, &state.outer.second_moment);
+        }
+        self.applied.union(&state.applied);
+        self.version.merge_max(&state.version);
+        self.stats.anchors_averaged += 1;
+        self.event(EngineEvent::AnchorsAveraged { peer: from });
+    }
+}
+
+fn average_into(mine: &mut [f32], theirs: &[f32]) {
+    for (x, y) in mine.iter_mut().zip(theirs) {
+        *x = 0.5 * (*x + y);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sketch_positions_are_fixed_and_distance_is_relative() {
+        let a: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+        let s = anchor_sketch(&a);
+        assert_eq!(s.len(), SKETCH_VALUES);
+        assert_eq!(s[1], a[5000 / 1024]);
+        let b: Vec<f32> = a.iter().map(|x| x * 1.01).collect();
+        let d = relative_distance(&s, &anchor_sketch(&b)).unwrap();
+        assert!((d - 0.01).abs() < 1e-4, "{d}");
+        assert_eq!(relative_distance(&s, &s), Some(0.0));
+        assert_eq!(relative_distance(&s, &s[1..]), None);
+    }
+}

@@ -1,0 +1,387 @@
+//! Engine configuration: every mechanism of GoPALS is a switch here, and
+//! every baseline strategy is a preset of these switches, not a copy of the
+//! engine.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::CodecKind;
+
+/// The strategies we compare side by side (DESIGN.md §2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Synchronous data parallel: one step, all gradients averaged, slowest gates all.
+    Ddp,
+    /// Synchronous local SGD: H steps, barrier, average, outer Nesterov.
+    Diloco,
+    /// DiLoCo with each node's steps proportional to its speed.
+    DilocoProportional,
+    /// Apply every update on arrival: no staleness weight, no speed adaptation.
+    Async,
+    /// The default: clock-aligned rounds (ticks), time budgets, staleness weights.
+    Gopals,
+    /// Free-running GoPALS for swarms without usable clocks.
+    GopalsAsync,
+}
+
+impl Strategy {
+    /// Every strategy, in the order reports list them.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::Ddp,
+        Strategy::Diloco,
+        Strategy::DilocoProportional,
+        Strategy::Async,
+        Strategy::Gopals,
+        Strategy::GopalsAsync,
+    ];
+
+    /// The name used on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Ddp => "ddp",
+            Strategy::Diloco => "diloco",
+            Strategy::DilocoProportional => "diloco-proportional",
+            Strategy::Async => "async",
+            Strategy::Gopals => "gopals",
+            Strategy::GopalsAsync => "gopals-async",
+        }
+    }
+
+    /// Parses a name as printed by [`Strategy::name`].
+    pub fn parse(name: &str) -> Option<Strategy> {
+        Strategy::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// When a node starts its next round.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Schedule {
+    /// Rounds aligned to a shared clock; a round ends on the clock, never
+    /// waiting for anyone, and the next starts once the tick's updates are in
+    /// or `grace_ms` after the tick, whichever is first.
+    Tick {
+        /// Wait after a tick for its updates to arrive.
+        grace_ms: u32,
+        /// Fraction of the tick left unplanned as a safety margin against
+        /// speed estimates that are slightly optimistic.
+        margin: f32,
+        /// A fixed tick period; `None` derives it as `H / v_ref`.
+        period_ms: Option<u32>,
+    },
+    /// Round r+1 starts when every live member's round-r update is applied.
+    Barrier,
+    /// The next round starts as soon as the last one is published.
+    FreeRunning,
+}
+
+/// How many inner steps a round gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Work {
+    /// Exactly H.
+    Fixed,
+    /// Proportional to speed: `clamp(floor(H v_i / v_ref), H_min, H)`, or in
+    /// tick mode the steps that fit before the next tick.
+    ProportionalToSpeed,
+}
+
+/// What the local phase computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalMode {
+    /// Inner AdamW steps; the update is the pseudo-gradient `x_base - theta`.
+    Train,
+    /// One gradient at the anchor, no inner step (ddp): the outer optimiser
+    /// is then the real optimiser.
+    Gradient,
+}
+
+/// How staleness is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StalenessMeasure {
+    /// Ticks between base and publish, carried in the update: identical at every receiver.
+    Tick,
+    /// Updates the sender applied between base and publish, carried in the update.
+    Sender,
+    /// `sum_j max(0, V_k[j] - B[j])` at receiver k (replicas drift; experiments only).
+    Receiver,
+}
+
+/// The weight a stale update gets.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StalenessWeight {
+    /// Always 1.
+    None,
+    /// `(1 + tau)^-a`.
+    Polynomial {
+        /// The exponent a.
+        a: f32,
+    },
+    /// `exp(-lambda tau)`.
+    Exponential {
+        /// The decay rate.
+        lambda: f32,
+    },
+    /// 1 up to `free`, then `1 / (1 + slope (tau - free))`.
+    Hinge {
+        /// Staleness that costs nothing.
+        free: u32,
+        /// How fast the weight falls beyond it.
+        slope: f32,
+    },
+}
+
+/// Staleness settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StalenessConfig {
+    /// How tau is measured.
+    pub measure: StalenessMeasure,
+    /// The weight function.
+    pub weight: StalenessWeight,
+    /// Divide `(1 + tau)` by the live node count before weighting, capped at
+    /// 1 (free-running mode, where every update is ~N-1 updates stale).
+    pub normalize_by_nodes: bool,
+    /// Updates staler than this are dropped with a reason.
+    pub tau_max: u32,
+}
+
+/// The outer optimiser that merges pseudo-gradients into the anchor.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OuterKind {
+    /// Per arrival a plain step, one momentum step per N arrivals (DESIGN §2.3).
+    DelayedNesterov,
+    /// Naive Nesterov on every arrival (for ablation; oscillates at eta 0.7).
+    Nesterov,
+    /// Plain SGD on every arrival: `x -= eta / N * w * g`.
+    Sgd,
+    /// AdamW on the mean of each N arrivals (ddp: the gradients' optimiser).
+    AdamW,
+}
+
+/// Outer optimiser settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OuterConfig {
+    /// Which optimiser.
+    pub kind: OuterKind,
+    /// Outer learning rate (for AdamW: its learning rate).
+    pub eta: f32,
+    /// Momentum (Nesterov) or first-moment decay (AdamW).
+    pub beta: f32,
+    /// AdamW second-moment decay.
+    pub beta2: f32,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f32,
+    /// AdamW gradient-norm clip (0 = none).
+    pub clip: f32,
+    /// eta ramps linearly over this many outer rounds (0 = no warm-up).
+    pub warmup_rounds: u32,
+}
+
+/// Pseudo-synchronisation: with probability p an inner step pulls the
+/// working model toward the anchor instead of taking a gradient step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PullConfig {
+    /// Probability of a pull step (0 = off).
+    pub p: f32,
+    /// Pull strength lambda.
+    pub lambda: f32,
+}
+
+/// Anti-entropy: the repair path after partitions and restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AntiEntropyConfig {
+    /// Run with one random peer every this many rounds (0 = off).
+    pub every_rounds: u32,
+    /// Average anchors when their relative distance exceeds this.
+    pub distance_threshold: f32,
+}
+
+/// Membership timing.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MembershipConfig {
+    /// How often the engine asks to send a heartbeat.
+    pub heartbeat_ms: u32,
+    /// A peer silent this long leaves the live count N.
+    pub peer_timeout_ms: u32,
+    /// Most peers tracked (bounded table).
+    pub max_peers: u32,
+}
+
+/// The whole engine configuration. It is part of the manifest, so every
+/// node of a run uses the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// The strategy this configuration started from (for reports).
+    pub strategy: Strategy,
+    /// Round schedule.
+    pub schedule: Schedule,
+    /// Steps per round.
+    pub work: Work,
+    /// Local phase mode.
+    pub local: LocalMode,
+    /// Reference inner steps per round.
+    pub h: u32,
+    /// Fewest inner steps worth a round.
+    pub h_min: u32,
+    /// Staleness settings.
+    pub staleness: StalenessConfig,
+    /// Outer optimiser.
+    pub outer: OuterConfig,
+    /// Pull settings.
+    pub pull: PullConfig,
+    /// Anti-entropy settings.
+    pub anti_entropy: AntiEntropyConfig,
+    /// Payload codec.
+    pub codec: CodecKind,
+    /// Keep the compression error and add it to the next delta.
+    pub error_feedback: bool,
+    /// Apply received updates in canonical order at round boundaries
+    /// (replicas stay bit-identical whatever the arrival order), or on arrival.
+    pub canonical_batches: bool,
+    /// Membership timing.
+    pub membership: MembershipConfig,
+}
+
+impl EngineConfig {
+    /// The preset for a strategy, with DESIGN.md's defaults.
+    pub fn preset(strategy: Strategy) -> Self {
+        let delayed = OuterConfig {
+            kind: OuterKind::DelayedNesterov,
+            eta: 0.7,
+            beta: 0.9,
+            beta2: 0.95,
+            weight_decay: 0.0,
+            clip: 0.0,
+            warmup_rounds: 10,
+        };
+        let base = EngineConfig {
+            strategy,
+            schedule: Schedule::Tick { grace_ms: 2_000, margin: 0.02, period_ms: None },
+            work: Work::ProportionalToSpeed,
+            local: LocalMode::Train,
+            h: 50,
+            h_min: 5,
+            staleness: StalenessConfig {
+                measure: StalenessMeasure::Tick,
+                weight: StalenessWeight::Polynomial { a: 0.5 },
+                normalize_by_nodes: false,
+                tau_max: 4,
+            },
+            outer: delayed,
+            pull: PullConfig { p: 0.0, lambda: 0.0 },
+            anti_entropy: AntiEntropyConfig { every_rounds: 10, distance_threshold: 1e-3 },
+            codec: CodecKind::Int8 { block: 256 },
+            error_feedback: true,
+            canonical_batches: true,
+            membership: MembershipConfig { heartbeat_ms: 2_000, peer_timeout_ms: 15_000, max_peers: 4_096 },
+        };
+        let no_staleness = StalenessConfig {
+            measure: StalenessMeasure::Sender,
+            weight: StalenessWeight::None,
+            normalize_by_nodes: false,
+            tau_max: u32::MAX,
+        };
+        match strategy {
+            Strategy::Gopals => base,
+            Strategy::GopalsAsync => EngineConfig {
+                schedule: Schedule::FreeRunning,
+                staleness: StalenessConfig {
+                    measure: StalenessMeasure::Sender,
+                    weight: StalenessWeight::Polynomial { a: 0.5 },
+                    normalize_by_nodes: true,
+                    tau_max: 64,
+                },
+                outer: OuterConfig { eta: 0.35, ..delayed },
+                canonical_batches: false,
+                ..base
+            },
+            Strategy::Async => EngineConfig {
+                schedule: Schedule::FreeRunning,
+                work: Work::Fixed,
+                staleness: no_staleness,
+                outer: OuterConfig { eta: 0.35, ..delayed },
+                canonical_batches: false,
+                ..base
+            },
+            Strategy::Diloco => {
+                EngineConfig { schedule: Schedule::Barrier, work: Work::Fixed, staleness: no_staleness, ..base }
+            }
+            Strategy::DilocoProportional => {
+                EngineConfig { schedule: Schedule::Barrier, staleness: no_staleness, ..base }
+            }
+            Strategy::Ddp => EngineConfig {
+                schedule: Schedule::Barrier,
+                work: Work::Fixed,
+                local: LocalMode::Gradient,
+                h: 1,
+                h_min: 1,
+                staleness: no_staleness,
+                outer: OuterConfig {
+                    kind: OuterKind::AdamW,
+                    eta: 1e-3,
+                    beta: 0.9,
+                    beta2: 0.95,
+                    weight_decay: 0.1,
+                    clip: 1.0,
+                    warmup_rounds: 0,
+                },
+                anti_entropy: AntiEntropyConfig { every_rounds: 0, distance_threshold: 1e-3 },
+                codec: CodecKind::F32,
+                error_feedback: false,
+                ..base
+            },
+        }
+    }
+
+    /// Checks the values a manifest could get wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.h == 0 || self.h_min == 0 || self.h_min > self.h {
+            return Err(format!("need 0 < h_min ({}) <= h ({})", self.h_min, self.h));
+        }
+        if !(self.outer.eta.is_finite() && self.outer.eta > 0.0) {
+            return Err(format!("outer eta must be positive, got {}", self.outer.eta));
+        }
+        if !(0.0..1.0).contains(&self.outer.beta) {
+            return Err(format!("outer beta must be in [0, 1), got {}", self.outer.beta));
+        }
+        if !(0.0..1.0).contains(&self.pull.p) {
+            return Err(format!("pull p must be in [0, 1), got {}", self.pull.p));
+        }
+        if self.local == LocalMode::Gradient && self.outer.kind != OuterKind::AdamW && self.outer.kind != OuterKind::Sgd
+        {
+            return Err("gradient mode needs an AdamW or SGD outer optimiser".into());
+        }
+        if let Schedule::Tick { margin, .. } = self.schedule
+            && !(0.0..0.5).contains(&margin)
+        {
+            return Err(format!("tick margin must be in [0, 0.5), got {margin}"));
+        }
+        if self.membership.max_peers == 0 || self.membership.peer_timeout_ms == 0 {
+            return Err("membership limits must be positive".into());
+        }
+        self.codec.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_is_valid_and_names_round_trip() {
+        for s in Strategy::ALL {
+            EngineConfig::preset(s).validate().unwrap();
+            assert_eq!(Strategy::parse(s.name()), Some(s));
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Who is alive and how fast they are: the live count N and the reference
+//! speed v_ref come from here.
+
+use std::collections::BTreeMap;
+
+use crate::{ids::NodeId, time::Micros};
+
+/// What we know of a peer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PeerInfo {
+    /// Advertised inner steps per second.
+    pub speed: f32,
+    /// When we last heard from it.
+    pub last_seen: Micros,
+    /// The first round it takes part in (barrier schedules wait only for
+    /// members that have started).
+    pub first_round: u64,
+    /// The round it is training.
+    pub round: u64,
+}
+
+/// The membership table: peers heard from within the timeout, plus us.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    me: NodeId,
+    my_speed: f32,
+    peers: BTreeMap<NodeId, PeerInfo>,
+    timeout: Micros,
+    max_peers: usize,
+}
+
+/// What changed after an update to the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// A peer we did not know.
+    Joined,
+    /// A known peer, refreshed.
+    Refreshed,
+    /// The table is full; the peer was not added.
+    Full,
+}
+
+impl Membership {
+    /// A table holding only us.
+    pub fn new(me: NodeId, my_speed: f32, timeout: Micros, max_peers: usize) -> Self {
+        Self { me, my_speed, peers: BTreeMap::new(), timeout, max_peers }
+    }
+
+    /// Our own id.
+    pub fn me(&self) -> NodeId {
+        self.me
+    }
+
+    /// Sets our own speed estimate.
+    pub fn set_my_speed(&mut self, speed: f32) {
+        self.my_speed = speed;
+    }
+
+    /// Our own speed estimate.
+    pub fn my_speed(&self) -> f32 {
+        self.my_speed
+    }
+
+    /// Records a sign of life from `peer`.
+    pub fn heard(&mut self, peer: NodeId, info: PeerInfo) -> MembershipChange {
+        if peer == self.me {
+            return MembershipChange::Refreshed;
+        }
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.speed = info.speed;
+            p.last_seen = p.last_seen.max(info.last_seen);
+            p.round = p.round.max(info.round);
+            p.first_round = p.first_round.min(info.first_round);
+            return MembershipChange::Refreshed;
+        }
+        if self.peers.len() >= self.max_peers {
+            return MembershipChange::Full;
+        }
+        self.peers.insert(peer, info);
+        MembershipChange::Joined
+    }
+
+    /// Removes `peer` (it left or disconnected). Returns whether it was known.
+    pub fn remove(&mut self, peer: &NodeId) -> bool {
+        self.peers.remove(peer).is_some()
+    }
+
+    /// Removes peers silent for longer than the timeout; returns them.
+    pub fn expire(&mut self, now: Micros) -> Vec<NodeId> {
+        let timeout = self.timeout;
+        let dead: Vec<NodeId> =
+            self.peers.iter().filter(|(_, p)| now.saturating_sub(p.last_seen) > timeout).map(|(id, _)| *id).collect();
+        for id in &dead {
+            self.peers.remove(id);
+        }
+        dead
+    }
+
+    /// When the next peer would expire, if any.
+    pub fn next_expiry(&self) -> Option<Micros> {
+        self.peers.values().map(|p| p.last_seen + self.timeout + Micros(1)).min()
+    }
+
+    /// N: live peers plus us.
+    pub fn live_count(&self) -> usize {
+        self.peers.len() + 1
+    }
+
+    /// Whether `peer` is live.
+    pub fn is_live(&self, peer: &NodeId) -> bool {
+        *peer == self.me || self.peers.contains_key(peer)
+    }
+
+    /// A live peer's info.
+    pub fn peer(&self, peer: &NodeId) -> Option<&PeerInfo> {
+        self.peers.get(peer)
+    }
+
+    /// Live peers (not us), in id order.
+    pub fn peers(&self) -> impl Iterator<Item = (&NodeId, &PeerInfo)> {
+        self.peers.iter()
+    }
+
+    /// v_ref: the 90th percentile of live speeds, us included (nearest rank).
+    pub fn reference_speed(&self) -> f32 {
+        let mut speeds: Vec<f32> = self.peers.values().map(|p| p.speed).filter(|s| s.is_finite() && *s > 0.0).collect();
+        speeds.push(self.my_speed);
+        speeds.sort_by(f32::total_cmp);
+        let rank = ((0.9 * speeds.len() as f64).ceil() as usize).clamp(1, speeds.len());
+        speeds[rank - 1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(i: u8) -> NodeId {
+        NodeId([i; 32])
+    }
+
+    fn info(speed: f32, t: u64) -> PeerInfo {
+        PeerInfo { speed, last_seen: Micros(t), first_round: 0, round: 0 }
+    }
+
+    #[test]
+    fn reference_speed_is_the_90th_percentile() {
+        let mut m = Membership::new(id(0), 1.0, Micros(10), 100);
+        for (i, s) in [1.0, 2.0, 4.0].into_iter().enumerate() {
+            m.heard(id(i as u8 + 1), info(s, 0));
+        }
+        // speeds 1,1,2,4: rank ceil(3.6)=4 -> 4.
+        assert_eq!(m.reference_speed(), 4.0);
+        for i in 0..16u8 {
+            m.heard(id(10 + i), info(1.0 + i as f32 * 0.5, 0));
+        }
+        // 20 speeds; rank 18.
+        let mut all: Vec<f32> = vec![1.0, 1.0, 2.0, 4.0];
+        all.extend((0..16).map(|i| 1.0 + i as f32 * 0.5));
+        all.sort_by(f32::total_cmp);
+        assert_eq!(m.reference_speed(), all[17]);
+    }
+
+    #[test]
+    fn silent_peers_expire_and_table_is_bounded() {
+        let mut m = Membership::new(id(0), 1.0, Micros(10), 2);
+        assert_eq!(m.heard(id(1), info(1.0, 0)), MembershipChange::Joined);
+        assert_eq!(m.heard(id(2), info(1.0, 5)), MembershipChange::Joined);
+        assert_eq!(m.heard(id(3), info(1.0, 5)), MembershipChange::Full);
+        assert_eq!(m.live_count(), 3);
+        assert_eq!(m.expire(Micros(11)), vec![id(1)]);
+        assert_eq!(m.live_count(), 2);
+        assert_eq!(m.next_expiry(), Some(Micros(16)));
+    }
+}

@@ -1,0 +1,208 @@
+//! The receive rule (DESIGN §2.3): deduplicate, measure staleness, drop
+//! beyond `tau_max`, fetch the payload, weight it, apply it with the outer
+//! optimiser, advance the version vector.
+
+use std::sync::Arc;
+
+use super::{
+    ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, MAX_AWAITING, MAX_PENDING, Output, Pending,
+    config::{Schedule, StalenessMeasure},
+    staleness::staleness_weight,
+};
+use crate::{
+    codec::Payload,
+    ids::{NodeId, UpdateId},
+    ledger::{ReceiptOutcome, RecordKind},
+    time::Micros,
+    validate::RejectReason,
+    wire::UpdateAnnouncement,
+};
+
+impl Engine {
+    /// Staleness of `a` as this replica measures it now.
+    fn staleness(&self, a: &UpdateAnnouncement) -> u64 {
+        match self.cfg.staleness.measure {
+            StalenessMeasure::Tick => a.publish_tick.saturating_sub(a.base_tick),
+            StalenessMeasure::Sender => a.sender_staleness as u64,
+            StalenessMeasure::Receiver => self.version.staleness_since(&a.base),
+        }
+    }
+
+    fn is_known(&self, id: &UpdateId) -> bool {
+        self.awaiting.contains_key(id) || self.pending.iter().any(|p| p.announcement.id == *id)
+    }
+
+    pub(super) fn on_announcement(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId) {
+        if a.run_id != self.run_id || a.num_values as usize != self.anchor.len() {
+            return; // the shell's validator refuses these before us
+        }
+        if a.id.src == self.me {
+            return; // our own, echoed back
+        }
+        if self.applied.contains(&a.id) || self.given_up.contains(&a.id) {
+            *self.stats.dropped.entry(RejectReason::Replay).or_insert(0) += 1;
+            self.event(EngineEvent::Dropped { id: a.id, reason: RejectReason::Replay });
+            return;
+        }
+        if let Some(w) = self.awaiting.get_mut(&a.id) {
+            if !w.sources.contains(&from) {
+                w.sources.push(from);
+            }
+            return;
+        }
+        if self.is_known(&a.id) {
+            return;
+        }
+        let tau = self.staleness(&a);
+        if tau > self.cfg.staleness.tau_max as u64 {
+            self.drop_update(&a, RejectReason::TooStale, true);
+            return;
+        }
+        if self.awaiting.len() >= MAX_AWAITING
+            && let Some(oldest) = self.awaiting.iter().min_by_key(|(_, w)| w.since).map(|(id, _)| *id)
+        {
+            self.awaiting.remove(&oldest);
+            self.event(EngineEvent::FetchAbandoned { id: oldest });
+        }
+        self.emit(Output::FetchPayload { id: a.id, from, len: a.payload_len, hash: a.payload_hash });
+        self.awaiting.insert(a.id, Awaiting { announcement: a, sources: vec![from], tried: 1, since: now });
+    }
+
+    pub(super) fn on_payload_source(&mut self, id: UpdateId, from: NodeId) {
+        if let Some(w) = self.awaiting.get_mut(&id)
+            && !w.sources.contains(&from)
+        {
+            w.sources.push(from);
+        }
+    }
+
+    pub(super) fn on_fetch_failed(&mut self, id: UpdateId, from: NodeId, reason: Option<RejectReason>) {
+        let Some(w) = self.awaiting.get_mut(&id) else {
+            return;
+        };
+        w.sources.retain(|s| *s != from);
+        // A payload refused for its content (hash-verified) is the source's
+        // fault: no other holder can have a better one. A hash mismatch or a
+        // transport failure may be the holder's: try another.
+        let refused = reason.filter(|r| *r != RejectReason::HashMismatch);
+        if let Some(reason) = refused {
+            let a = self.awaiting.remove(&id).expect("checked above").announcement;
+            self.drop_update(&a, reason, true);
+            return;
+        }
+        if let Some(&next) = w.sources.first() {
+            w.tried += 1;
+            let (len, hash) = (w.announcement.payload_len, w.announcement.payload_hash);
+            self.emit(Output::FetchPayload { id, from: next, len, hash });
+        } else {
+            self.awaiting.remove(&id);
+            self.event(EngineEvent::FetchAbandoned { id });
+        }
+    }
+
+    pub(super) fn expire_fetches(&mut self, now: Micros) {
+        let expired: Vec<UpdateId> = self
+            .awaiting
+            .iter()
+            .filter(|(_, w)| now.saturating_sub(w.since) > FETCH_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            self.awaiting.remove(&id);
+            self.event(EngineEvent::FetchAbandoned { id });
+        }
+    }
+
+    pub(super) fn on_payload(&mut self, now: Micros, id: UpdateId, bytes: Vec<u8>) {
+        let Some(w) = self.awaiting.remove(&id) else {
+            return;
+        };
+        let a = w.announcement;
+        if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
+            self.drop_update(&a, RejectReason::ShapeMismatch, true);
+            return;
+        }
+        self.accept_payload(now, a, Arc::new(bytes));
+    }
+
+    /// A structurally valid update: apply it now, or queue it for the next
+    /// canonical batch.
+    pub(super) fn accept_payload(&mut self, now: Micros, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
+        if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
+            self.tick_arrivals.entry(a.base_tick).or_default().insert(a.id.src);
+            let t = self.last_tick_of.entry(a.id.src).or_insert(a.base_tick);
+            *t = (*t).max(a.base_tick);
+            let newest = self.tick_arrivals.keys().next_back().copied().unwrap_or(0);
+            self.tick_arrivals.retain(|k, _| k + ARRIVAL_HISTORY >= newest);
+        }
+        if self.cfg.canonical_batches {
+            if self.pending.len() >= MAX_PENDING {
+                self.apply_pending(now);
+            }
+            self.pending.push(Pending { announcement: a, bytes });
+        } else {
+            self.apply_one(&a, &bytes);
+        }
+    }
+
+    /// Applies queued updates in canonical order (tick, source, round), so
+    /// replicas given the same set end bit-identical whatever the arrival order.
+    pub(super) fn apply_pending(&mut self, _now: Micros) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut batch = std::mem::take(&mut self.pending);
+        batch.sort_by(|x, y| {
+            (x.announcement.base_tick, x.announcement.id).cmp(&(y.announcement.base_tick, y.announcement.id))
+        });
+        for p in &batch {
+            self.apply_one(&p.announcement, &p.bytes);
+        }
+        // One outer round per batch: replicas given the same batches close
+        // rounds at the same points, whatever joined, left or straggled.
+        let n = self.membership.live_count() as u32;
+        let anchor = Arc::make_mut(&mut self.anchor);
+        if self.outer.close_round(&self.cfg.outer, anchor, n) {
+            let outer_rounds = self.outer.outer_rounds;
+            self.event(EngineEvent::OuterRound { outer_rounds });
+        }
+    }
+
+    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8]) {
+        if self.applied.contains(&a.id) {
+            return;
+        }
+        let tau = self.staleness(a);
+        if tau > self.cfg.staleness.tau_max as u64 {
+            self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
+            return;
+        }
+        let n = self.membership.live_count();
+        let w = staleness_weight(&self.cfg.staleness, tau, n);
+        let payload = Payload::parse(a.codec, self.anchor.len(), bytes).expect("checked on arrival");
+        let anchor = Arc::make_mut(&mut self.anchor);
+        let closed = if self.cfg.canonical_batches {
+            self.outer.accumulate(&self.cfg.outer, anchor, &payload, w, n as u32);
+            false
+        } else {
+            self.outer.apply(&self.cfg.outer, anchor, &payload, w, n as u32)
+        };
+        self.version.increment(a.id.src);
+        self.applied.insert(a.id);
+        self.stats.applied += 1;
+        self.stats.staleness_histogram[(tau as usize).min(7)] += 1;
+        if a.id.src != self.me {
+            self.emit(Output::Record(RecordKind::Receipt {
+                update: a.id,
+                payload_hash: a.payload_hash,
+                samples: a.samples,
+                outcome: ReceiptOutcome::Accepted { weight: w, staleness: tau.min(u32::MAX as u64) as u32 },
+            }));
+        }
+        self.event(EngineEvent::Applied { id: a.id, staleness: tau, weight: w, nodes: n });
+        if closed {
+            let outer_rounds = self.outer.outer_rounds;
+            self.event(EngineEvent::OuterRound { outer_rounds });
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! Rounds: when a local phase starts, how many steps it gets, and what
+//! happens when it ends (delta, compression, publish, own receive).
+
+use std::sync::Arc;
+
+use super::{
+    Engine, EngineEvent, LocalPhase, LocalResult, Output, Phase, Publication, Training,
+    config::{LocalMode, Schedule, Work},
+    tick::TickClock,
+};
+use crate::{ids::Hash32, ids::UpdateId, ledger::RecordKind, time::Micros, wire::UpdateAnnouncement};
+
+impl Engine {
+    /// Starts the next round if the schedule allows it now; otherwise sets
+    /// the wake-up time.
+    pub(super) fn try_start_round(&mut self, now: Micros) {
+        if !matches!(self.phase, Phase::Waiting) || self.startup_until.is_some_and(|t| now < t) {
+            return;
+        }
+        self.startup_until = None;
+        self.wake_at = None;
+        let steps = match self.cfg.schedule {
+            Schedule::FreeRunning => Some(self.proportional_steps()),
+            Schedule::Barrier => {
+                if self.round > self.first_round && !self.barrier_complete(self.round - 1) {
+                    return; // re-checked on every arrival and membership change
+                }
+                Some(self.proportional_steps())
+            }
+            Schedule::Tick { grace_ms, margin, period_ms } => {
+                let Some(steps) = self.tick_round_steps(now, grace_ms, margin, period_ms) else {
+                    return;
+                };
+                Some(steps)
+            }
+        };
+        if let Some(steps) = steps {
+            self.start_round(now, steps);
+        }
+    }
+
+    /// `clamp(floor(H v_i / v_ref), H_min, H)`, or H for fixed work.
+    fn proportional_steps(&self) -> u32 {
+        match self.cfg.work {
+            Work::Fixed => self.cfg.h,
+            Work::ProportionalToSpeed => {
+                let v_ref = self.membership.reference_speed().max(1e-9);
+                let raw = (self.cfg.h as f64 * self.membership.my_speed() as f64 / v_ref as f64).floor();
+                (raw as u32).clamp(self.cfg.h_min, self.cfg.h)
+            }
+        }
+    }
+
+    fn tick_period(&self, period_ms: Option<u32>) -> Micros {
+        match period_ms {
+            Some(ms) => Micros(ms as u64 * 1000),
+            None => {
+                let v_ref = self.membership.reference_speed().max(1e-9) as f64;
+                Micros::from_secs_f64(self.cfg.h as f64 / v_ref)
+            }
+        }
+    }
+
+    /// Tick mode: the steps of a round starting now, or `None` after
+    /// setting when to look again.
+    fn tick_round_steps(&mut self, now: Micros, grace_ms: u32, margin: f32, period_ms: Option<u32>) -> Option<u32> {
+        let period = self.tick_period(period_ms);
+        let clock = self.clock.get_or_insert_with(|| TickClock::new(self.t0, period));
+        clock.propose_period(now, period);
+        let k = clock.tick(now);
+        let (this_tick, next, period) = (clock.boundary(k), clock.boundary(k + 1), clock.period());
+        if self.last_base_tick.is_some_and(|last| last >= k) {
+            // Already trained in this tick: next tick.
+            self.wake_at = Some(next);
+            return None;
+        }
+        let deadline = this_tick + Micros(grace_ms as u64 * 1000);
+        if now < deadline && k > 0 && !self.tick_complete(k - 1) {
+            self.wake_at = Some(deadline);
+            return None;
+        }
+        let steps = match self.cfg.work {
+            Work::Fixed => self.cfg.h,
+            Work::ProportionalToSpeed => {
+                let reserve = Micros::from_secs_f64(period.as_secs_f64() * margin as f64);
+                let usable = next.saturating_sub(now).saturating_sub(reserve).as_secs_f64();
+                (usable * self.membership.my_speed() as f64).floor() as u32
+            }
+        };
+        if steps < self.cfg.h_min {
+            self.wake_at = Some(next);
+            return None;
+        }
+        Some(steps)
+    }
+
+    /// True when every live member we expect has delivered its update for
+    /// tick `k`. Expected: members that contributed in tick `k - 1` or
+    /// later, and members that never contributed yet (starting up). We do
+    /// not wait for stragglers that already missed a tick.
+    pub(super) fn tick_complete(&self, k: u64) -> bool {
+        let arrived = self.tick_arrivals.get(&k);
+        let has = |n: &crate::ids::NodeId| arrived.is_some_and(|a| a.contains(n));
+        let regular = |n: &crate::ids::NodeId| self.last_tick_of.get(n).is_none_or(|t| *t + 1 >= k);
+        if self.last_base_tick == Some(k) && !has(&self.me) {
+            return false;
+        }
+        self.membership.peers().all(|(id, _)| !regular(id) || has(id))
+    }
+
+    /// True when every live member that takes part in `round` has its
+    /// update for it applied or pending.
+    pub(super) fn barrier_complete(&self, round: u64) -> bool {
+        let done = |src| {
+            let id = UpdateId { src, round };
+            self.applied.contains(&id)
+                || self.given_up.contains(&id)
+                || self.pending.iter().any(|p| p.announcement.id == id)
+        };
+        done(self.me) && self.membership.peers().all(|(id, info)| info.first_round > round || done(*id))
+    }
+
+    fn start_round(&mut self, now: Micros, steps: u32) {
+        self.apply_pending(now);
+        let base_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
+        if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
+            self.last_base_tick = Some(base_tick);
+        }
+        let round = self.round;
+        let base = self.anchor.clone();
+        self.phase = Phase::Training(Training {
+            round,
+            started: now,
+            base: base.clone(),
+            base_version: self.version.clone(),
+            base_applied_total: self.version.total(),
+            base_tick,
+        });
+        let seed = self.rng.next_u64();
+        self.emit(Output::StartLocalPhase(LocalPhase {
+            round,
+            anchor: base,
+            steps,
+            mode: self.cfg.local,
+            pull: self.cfg.pull,
+            seed,
+        }));
+        self.event(EngineEvent::RoundStarted { round, steps, base_tick });
+        let every = self.cfg.anti_entropy.every_rounds as u64;
+        if every > 0 && round > self.first_round && round.is_multiple_of(every) {
+            self.start_anti_entropy();
+        }
+    }
+
+    pub(super) fn on_local_phase_done(&mut self, now: Micros, result: LocalResult) {
+        let training = match &self.phase {
+            Phase::Training(t) if t.round == result.round => t.clone(),
+            _ => return, // a stale or unexpected result: ignore
+        };
+        if result.params.len() != training.base.len() {
+            // The trainer broke its contract; do not publish garbage.
+            self.phase = Phase::Waiting;
+            return;
+        }
+        let elapsed = now.saturating_sub(training.started).as_secs_f64().max(1e-6);
+        self.update_speed((result.steps.max(1) as f64 / elapsed) as f32);
+        self.stats.rounds += 1;
+        self.stats.steps += result.steps as u64;
+        self.stats.samples += result.samples;
+        self.stats.last_loss = result.loss;
+
+        let mut delta = result.params;
+        if self.cfg.local == LocalMode::Train {
+            for (d, b) in delta.iter_mut().zip(training.base.iter()) {
+                *d = b - *d;
+            }
+        }
+        let payload = if self.cfg.error_feedback {
+            self.residual.compress(self.cfg.codec, &delta)
+        } else {
+            let mut out = Vec::new();
+            crate::codec::encode(self.cfg.codec, &delta, &mut out);
+            out
+        };
+        let publish_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
+        let announcement = UpdateAnnouncement {
+            run_id: self.run_id,
+            id: UpdateId { src: self.me, round: training.round },
+            base: training.base_version.clone(),
+            base_tick: training.base_tick,
+            publish_tick,
+            sender_staleness: self.version.total().saturating_sub(training.base_applied_total).min(u32::MAX as u64)
+                as u32,
+            steps: result.steps,
+            samples: result.samples,
+            speed: self.membership.my_speed(),
+            loss: if result.loss.is_finite() { result.loss } else { f32::MAX },
+            codec: self.cfg.codec,
+            num_values: delta.len() as u64,
+            payload_len: payload.len() as u64,
+            payload_hash: Hash32::of(&payload),
+        };
+        let payload = Arc::new(payload);
+        self.emit(Output::Record(RecordKind::Contribution {
+            round: training.round,
+            base_version: training.base_applied_total,
+            steps: result.steps,
+            samples: result.samples,
+            flops: result.flops,
+            payload_hash: announcement.payload_hash,
+        }));
+        self.emit(Output::Publish(Publication { announcement: announcement.clone(), payload: payload.clone() }));
+        self.round += 1;
+        self.phase = Phase::Waiting;
+        // Our own update goes through the same receive rule as everyone's.
+        self.accept_payload(now, announcement, payload);
+    }
+
+    /// Speed EMA that reacts fast to slowdowns and slowly to speed-ups.
+    fn update_speed(&mut self, measured: f32) {
+        if !(measured.is_finite() && measured > 0.0) {
+            return;
+        }
+        let old = self.membership.my_speed();
+        let alpha = if measured < old { 0.5 } else { 0.3 };
+        let new = if self.stats.rounds == 0 { measured } else { old + alpha * (measured - old) };
+        self.membership.set_my_speed(new);
+    }
+}

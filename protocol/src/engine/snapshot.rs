@@ -1,0 +1,154 @@
+//! Engine state that outlives the process: the shared replica (sent to
+//! joiners) and the full checkpoint (replica plus our own progress).
+
+use serde::{Deserialize, Serialize};
+
+use super::{Engine, Phase, config::EngineConfig, outer::OuterState, tick::TickClock};
+use crate::{
+    codec::ErrorFeedback,
+    ids::{NodeId, RunId},
+    time::Micros,
+    version::{AppliedSet, VersionVector},
+};
+
+/// The replica everyone shares: what a joiner needs to start contributing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaState {
+    /// The anchor.
+    pub anchor: Vec<f32>,
+    /// Outer optimiser state.
+    pub outer: OuterState,
+    /// Version vector.
+    pub version: VersionVector,
+    /// Updates applied.
+    pub applied: AppliedSet,
+    /// The tick clock (tick mode), so a joiner agrees on every boundary.
+    pub clock: Option<TickClock>,
+    /// The serving node's current round (the global round in barrier mode).
+    pub round: u64,
+}
+
+/// Why a replica state was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateError {
+    /// The anchor has the wrong number of parameters.
+    #[error("state has {got} parameters, the model has {expected}")]
+    Shape {
+        /// Parameters expected.
+        expected: usize,
+        /// Parameters received.
+        got: usize,
+    },
+    /// The outer state does not fit the configured optimiser.
+    #[error("outer optimiser state does not fit the manifest's optimiser")]
+    OuterState,
+    /// Non-finite values.
+    #[error("state contains non-finite values")]
+    NonFinite,
+}
+
+impl ReplicaState {
+    /// Checks the state against the manifest's model size and engine.
+    pub fn verify(&self, cfg: &EngineConfig, num_params: usize) -> Result<(), StateError> {
+        if self.anchor.len() != num_params {
+            return Err(StateError::Shape { expected: num_params, got: self.anchor.len() });
+        }
+        if !self.outer.fits(cfg.outer.kind, num_params) {
+            return Err(StateError::OuterState);
+        }
+        if self.anchor.iter().any(|v| !v.is_finite()) {
+            return Err(StateError::NonFinite);
+        }
+        Ok(())
+    }
+}
+
+/// Everything needed to resume this node after a restart.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineCheckpoint {
+    /// The replica.
+    pub replica: ReplicaState,
+    /// Our next round.
+    pub round: u64,
+    /// The first round we took part in.
+    pub first_round: u64,
+    /// Error-feedback residual.
+    pub residual: Vec<f32>,
+    /// Speed estimate.
+    pub speed: f32,
+    /// Updates given up as too stale.
+    pub given_up: AppliedSet,
+}
+
+impl Engine {
+    /// A checkpoint of this engine.
+    pub fn checkpoint(&self) -> EngineCheckpoint {
+        EngineCheckpoint {
+            replica: self.replica_state(),
+            round: self.round,
+            first_round: self.first_round,
+            residual: self.residual.residual().to_vec(),
+            speed: self.membership.my_speed(),
+            given_up: self.given_up.clone(),
+        }
+    }
+
+    /// Resumes from a checkpoint of this same node. A round that was in
+    /// flight is abandoned: it restarts from the checkpoint's anchor with a
+    /// new round number, so its id never collides with anything published.
+    pub fn resume(
+        cfg: EngineConfig,
+        me: NodeId,
+        run_id: RunId,
+        t0: Micros,
+        checkpoint: EngineCheckpoint,
+        seed: u64,
+    ) -> Self {
+        let mut e = Engine::new(cfg, me, run_id, t0, Vec::new(), checkpoint.speed, seed);
+        e.install_replica(checkpoint.replica);
+        e.round = e.round.max(checkpoint.round);
+        e.first_round = checkpoint.first_round;
+        e.residual = ErrorFeedback::from_residual(checkpoint.residual);
+        e.given_up = checkpoint.given_up;
+        e
+    }
+
+    /// Makes sure our next round number is at least `round` (after a crash,
+    /// the ledger may show a contribution newer than the checkpoint).
+    pub fn advance_round_to(&mut self, round: u64) {
+        self.round = self.round.max(round);
+    }
+
+    /// Joins a run mid-way from a peer's replica state (already verified).
+    pub fn join(
+        cfg: EngineConfig,
+        me: NodeId,
+        run_id: RunId,
+        t0: Micros,
+        state: ReplicaState,
+        initial_speed: f32,
+        seed: u64,
+    ) -> Self {
+        let barrier = matches!(cfg.schedule, super::config::Schedule::Barrier);
+        let peer_round = state.round;
+        let mut e = Engine::new(cfg, me, run_id, t0, Vec::new(), initial_speed, seed);
+        e.install_replica(state);
+        if barrier {
+            // Take part from the round after the one in progress.
+            e.round = e.round.max(peer_round + 1);
+        }
+        e.first_round = e.round;
+        e
+    }
+
+    fn install_replica(&mut self, state: ReplicaState) {
+        // Never reuse one of our own round numbers the swarm has seen.
+        self.round = state.applied.max_round(&self.me).map_or(0, |r| r + 1);
+        self.anchor = std::sync::Arc::new(state.anchor);
+        self.outer = state.outer;
+        self.version = state.version;
+        self.applied = state.applied;
+        self.clock = state.clock;
+        self.phase = Phase::Created;
+    }
+}

@@ -1,0 +1,521 @@
+//! The wire: one versioned message enum, one canonical encoding, hard size
+//! limits checked before decoding.
+//!
+//! Encoding: a version byte, then the message in postcard. We chose postcard
+//! because its format is specified and stable (1.x), compact (varints, no
+//! field names), deterministic for a given value (so hashes of encodings are
+//! well defined), works through serde, and decodes from a slice without
+//! panicking. Signed parts ([`crate::Signed`]) keep their exact bytes, so a
+//! signature never depends on re-encoding.
+//!
+//! Decoding checks, in order: total length against the channel limit, the
+//! version byte, the message kind byte against its own limit, then the body.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    codec::CodecKind,
+    identity::{Signable, Signed},
+    ids::{Hash32, NodeId, RunId, UpdateId},
+    ledger::SignedRecord,
+    version::{AppliedSet, VersionVector},
+};
+
+/// The version byte every message starts with.
+pub const WIRE_VERSION: u8 = 1;
+/// Largest payload or state chunk.
+pub const MAX_CHUNK_BYTES: usize = 1 << 20;
+/// Largest gossip message: gossipsub's frame limit (64 KiB) minus its own overhead.
+pub const MAX_GOSSIP_BYTES: usize = 60 * 1024;
+/// Largest anchor sketch (values) in a replica digest.
+pub const MAX_SKETCH_VALUES: usize = 4096;
+/// Most missing ids listed in one anti-entropy reply.
+pub const MAX_MISSING_IDS: usize = 256;
+
+/// "I finished a round; here is what my update is and where to get it."
+/// Gossiped; small; signed by its source.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateAnnouncement {
+    /// The run.
+    pub run_id: RunId,
+    /// Source and round.
+    pub id: UpdateId,
+    /// The version vector the round started from.
+    pub base: VersionVector,
+    /// The tick the round started in (tick mode).
+    pub base_tick: u64,
+    /// The tick it was published in (tick mode).
+    pub publish_tick: u64,
+    /// Updates the sender applied between base and publish.
+    pub sender_staleness: u32,
+    /// Inner steps taken.
+    pub steps: u32,
+    /// Samples processed.
+    pub samples: u64,
+    /// Sender's speed estimate (steps/s).
+    pub speed: f32,
+    /// Mean training loss of the round.
+    pub loss: f32,
+    /// Payload codec.
+    pub codec: CodecKind,
+    /// Values in the payload (= parameters of the model).
+    pub num_values: u64,
+    /// Payload size in bytes.
+    pub payload_len: u64,
+    /// blake3 of the payload.
+    pub payload_hash: Hash32,
+}
+
+impl Signable for UpdateAnnouncement {
+    const DOMAIN: &'static [u8] = b"ragtag/v1/update";
+    const MAX_BODY: usize = MAX_GOSSIP_BYTES - 128;
+    fn signer(&self) -> NodeId {
+        self.id.src
+    }
+}
+
+/// Liveness and speed, gossiped periodically; signed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    /// The run.
+    pub run_id: RunId,
+    /// Who.
+    pub src: NodeId,
+    /// Increases with every heartbeat of this node.
+    pub seq: u64,
+    /// Steps per second.
+    pub speed: f32,
+    /// The round it trains.
+    pub round: u64,
+    /// The first round it took part in.
+    pub first_round: u64,
+    /// `|V|` of its replica.
+    pub applied_total: u64,
+    /// Leaving the swarm (clean shutdown).
+    pub leaving: bool,
+}
+
+impl Signable for Heartbeat {
+    const DOMAIN: &'static [u8] = b"ragtag/v1/heartbeat";
+    const MAX_BODY: usize = 512;
+    fn signer(&self) -> NodeId {
+        self.src
+    }
+}
+
+/// "I hold this payload": lets peers pull from more than the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Have {
+    /// The run.
+    pub run_id: RunId,
+    /// The update.
+    pub id: UpdateId,
+    /// Its payload hash.
+    pub payload_hash: Hash32,
+}
+
+/// A request for part of a payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadRequest {
+    /// The update.
+    pub id: UpdateId,
+    /// First byte wanted.
+    pub offset: u64,
+    /// Most bytes wanted (at most [`MAX_CHUNK_BYTES`]).
+    pub max_len: u32,
+}
+
+/// Part of a payload or of a state blob.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// Total bytes of the whole object.
+    pub total_len: u64,
+    /// Where this chunk starts.
+    pub offset: u64,
+    /// blake3 of the whole object.
+    pub hash: Hash32,
+    /// The bytes.
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+/// A joiner's request for the replica state (anchor, outer state, versions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateRequest {
+    /// The run.
+    pub run_id: RunId,
+    /// First byte wanted.
+    pub offset: u64,
+    /// Most bytes wanted.
+    pub max_len: u32,
+    /// The state snapshot being read (zero: take a new one).
+    pub snapshot: Hash32,
+}
+
+/// A summary of a replica for anti-entropy: what it applied and a sketch of
+/// its anchor, from which the distance between replicas is estimated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaDigest {
+    /// The run.
+    pub run_id: RunId,
+    /// Its version vector.
+    pub version: VersionVector,
+    /// The updates it applied (within the window).
+    pub applied: AppliedSet,
+    /// Anchor values at fixed strided positions.
+    pub sketch: Vec<f32>,
+}
+
+/// Why a request could not be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorReply {
+    /// We do not hold it.
+    NotFound,
+    /// The request is for another run.
+    WrongRun,
+    /// The request is malformed or over a limit.
+    BadRequest,
+}
+
+/// Every message, gossip or request/response.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    /// An update announcement (gossip).
+    Announce(Signed<UpdateAnnouncement>),
+    /// A ledger receipt (gossip).
+    Receipt(SignedRecord),
+    /// A heartbeat (gossip).
+    Heartbeat(Signed<Heartbeat>),
+    /// A payload holder (gossip).
+    Have(Have),
+    /// Request part of a payload.
+    PayloadRequest(PayloadRequest),
+    /// Request an announcement we missed.
+    AnnouncementRequest(UpdateId),
+    /// Part of a payload (response).
+    PayloadChunk(Chunk),
+    /// Request the replica state (joiners, anti-entropy).
+    StateRequest(StateRequest),
+    /// Part of the replica state (response).
+    StateChunk(Chunk),
+    /// Anti-entropy: my digest (request) or yours (response).
+    Digest(ReplicaDigest),
+    /// Request the manifest of a run.
+    ManifestRequest(RunId),
+    /// The manifest's canonical bytes (response).
+    Manifest(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A request failed.
+    Error(ErrorReply),
+}
+
+/// The kinds of [`Message`], in wire order (the kind byte).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MessageKind {
+    /// See [`Message::Announce`].
+    Announce = 0,
+    /// See [`Message::Receipt`].
+    Receipt = 1,
+    /// See [`Message::Heartbeat`].
+    Heartbeat = 2,
+    /// See [`Message::Have`].
+    Have = 3,
+    /// See [`Message::PayloadRequest`].
+    PayloadRequest = 4,
+    /// See [`Message::AnnouncementRequest`].
+    AnnouncementRequest = 5,
+    /// See [`Message::PayloadChunk`].
+    PayloadChunk = 6,
+    /// See [`Message::StateRequest`].
+    StateRequest = 7,
+    /// See [`Message::StateChunk`].
+    StateChunk = 8,
+    /// See [`Message::Digest`].
+    Digest = 9,
+    /// See [`Message::ManifestRequest`].
+    ManifestRequest = 10,
+    /// See [`Message::Manifest`].
+    Manifest = 11,
+    /// See [`Message::Error`].
+    Error = 12,
+}
+
+impl MessageKind {
+    /// All kinds.
+    pub const ALL: [MessageKind; 13] = [
+        MessageKind::Announce,
+        MessageKind::Receipt,
+        MessageKind::Heartbeat,
+        MessageKind::Have,
+        MessageKind::PayloadRequest,
+        MessageKind::AnnouncementRequest,
+        MessageKind::PayloadChunk,
+        MessageKind::StateRequest,
+        MessageKind::StateChunk,
+        MessageKind::Digest,
+        MessageKind::ManifestRequest,
+        MessageKind::Manifest,
+        MessageKind::Error,
+    ];
+
+    fn from_byte(b: u8) -> Option<Self> {
+        Self::ALL.get(b as usize).copied()
+    }
+
+    /// The largest encoded message of this kind, version byte included.
+    pub fn max_len(self) -> usize {
+        match self {
+            MessageKind::Announce => MAX_GOSSIP_BYTES,
+            MessageKind::Receipt => 2 * 1024,
+            MessageKind::Heartbeat => 1024,
+            MessageKind::Have => 256,
+            MessageKind::PayloadRequest | MessageKind::AnnouncementRequest => 256,
+            MessageKind::StateRequest | MessageKind::ManifestRequest => 256,
+            MessageKind::PayloadChunk | MessageKind::StateChunk => MAX_CHUNK_BYTES + 256,
+            MessageKind::Digest => 512 * 1024,
+            MessageKind::Manifest => crate::manifest::MAX_MANIFEST_BYTES + 16,
+            MessageKind::Error => 16,
+        }
+    }
+
+    /// A short name for metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageKind::Announce => "announce",
+            MessageKind::Receipt => "receipt",
+            MessageKind::Heartbeat => "heartbeat",
+            MessageKind::Have => "have",
+            MessageKind::PayloadRequest => "payload_request",
+            MessageKind::AnnouncementRequest => "announcement_request",
+            MessageKind::PayloadChunk => "payload_chunk",
+            MessageKind::StateRequest => "state_request",
+            MessageKind::StateChunk => "state_chunk",
+            MessageKind::Digest => "digest",
+            MessageKind::ManifestRequest => "manifest_request",
+            MessageKind::Manifest => "manifest",
+            MessageKind::Error => "error",
+        }
+    }
+}
+
+/// The largest message of any kind.
+pub fn max_message_len() -> usize {
+    MessageKind::ALL.iter().map(|k| k.max_len()).max().unwrap_or(0)
+}
+
+impl Message {
+    /// This message's kind.
+    pub fn kind(&self) -> MessageKind {
+        match self {
+            Message::Announce(_) => MessageKind::Announce,
+            Message::Receipt(_) => MessageKind::Receipt,
+            Message::Heartbeat(_) => MessageKind::Heartbeat,
+            Message::Have(_) => MessageKind::Have,
+            Message::PayloadRequest(_) => MessageKind::PayloadRequest,
+            Message::AnnouncementRequest(_) => MessageKind::AnnouncementRequest,
+            Message::PayloadChunk(_) => MessageKind::PayloadChunk,
+            Message::StateRequest(_) => MessageKind::StateRequest,
+            Message::StateChunk(_) => MessageKind::StateChunk,
+            Message::Digest(_) => MessageKind::Digest,
+            Message::ManifestRequest(_) => MessageKind::ManifestRequest,
+            Message::Manifest(_) => MessageKind::Manifest,
+            Message::Error(_) => MessageKind::Error,
+        }
+    }
+
+    /// The canonical encoding: version byte, then postcard.
+    pub fn encode(&self) -> Vec<u8> {
+        let out = vec![WIRE_VERSION];
+        postcard::to_extend(self, out).expect("encoding to a Vec cannot fail")
+    }
+
+    /// Decodes, checking limits first. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+        if bytes.len() > max_message_len() {
+            return Err(DecodeError::TooLarge { kind: None, len: bytes.len(), max: max_message_len() });
+        }
+        let (&version, rest) = bytes.split_first().ok_or(DecodeError::Empty)?;
+        if version != WIRE_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let &kind_byte = rest.first().ok_or(DecodeError::Empty)?;
+        let kind = MessageKind::from_byte(kind_byte).ok_or(DecodeError::UnknownKind(kind_byte))?;
+        if bytes.len() > kind.max_len() {
+            return Err(DecodeError::TooLarge { kind: Some(kind), len: bytes.len(), max: kind.max_len() });
+        }
+        let (msg, trailing) =
+            postcard::take_from_bytes::<Message>(rest).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+        if !trailing.is_empty() {
+            return Err(DecodeError::Malformed(format!("{} trailing bytes", trailing.len())));
+        }
+        Ok(msg)
+    }
+}
+
+/// Why bytes are not a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// No bytes.
+    #[error("empty message")]
+    Empty,
+    /// Over the limit of the channel or kind.
+    #[error("message of {len} bytes over the limit of {max} ({kind:?})")]
+    TooLarge {
+        /// The kind, when known.
+        kind: Option<MessageKind>,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Another protocol version.
+    #[error("unsupported wire version {0}")]
+    Version(u8),
+    /// An unknown kind byte.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// Not a valid body.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{
+        identity::Keypair,
+        ledger::{LedgerWriter, RecordKind},
+    };
+
+    fn sample_announcement(k: &Keypair) -> UpdateAnnouncement {
+        let mut base = VersionVector::new();
+        base.increment(k.node_id());
+        UpdateAnnouncement {
+            run_id: RunId(Hash32([7; 32])),
+            id: UpdateId { src: k.node_id(), round: 3 },
+            base,
+            base_tick: 2,
+            publish_tick: 3,
+            sender_staleness: 1,
+            steps: 50,
+            samples: 1600,
+            speed: 12.5,
+            loss: 1.25,
+            codec: CodecKind::Int8 { block: 256 },
+            num_values: 1000,
+            payload_len: 1016,
+            payload_hash: Hash32([1; 32]),
+        }
+    }
+
+    pub(crate) fn every_kind_of_message() -> Vec<Message> {
+        let k = Keypair::deterministic(5, 0);
+        let run_id = RunId(Hash32([7; 32]));
+        let mut ledger = LedgerWriter::new(k.clone(), run_id);
+        let receipt = ledger.next(5, RecordKind::Leave { round: 1, reason: "bye".into() });
+        vec![
+            Message::Announce(Signed::sign(&sample_announcement(&k), &k)),
+            Message::Receipt(receipt),
+            Message::Heartbeat(Signed::sign(
+                &Heartbeat {
+                    run_id,
+                    src: k.node_id(),
+                    seq: 1,
+                    speed: 3.0,
+                    round: 4,
+                    first_round: 0,
+                    applied_total: 9,
+                    leaving: false,
+                },
+                &k,
+            )),
+            Message::Have(Have { run_id, id: UpdateId { src: k.node_id(), round: 1 }, payload_hash: Hash32([2; 32]) }),
+            Message::PayloadRequest(PayloadRequest {
+                id: UpdateId { src: k.node_id(), round: 1 },
+                offset: 10,
+                max_len: 1000,
+            }),
+            Message::AnnouncementRequest(UpdateId { src: k.node_id(), round: 1 }),
+            Message::PayloadChunk(Chunk { total_len: 10, offset: 0, hash: Hash32([3; 32]), bytes: vec![1, 2, 3] }),
+            Message::StateRequest(StateRequest { run_id, offset: 0, max_len: 4096, snapshot: Hash32::default() }),
+            Message::StateChunk(Chunk { total_len: 3, offset: 0, hash: Hash32([4; 32]), bytes: vec![9, 9, 9] }),
+            Message::Digest(ReplicaDigest {
+                run_id,
+                version: VersionVector::new(),
+                applied: AppliedSet::new(),
+                sketch: vec![1.0, 2.0],
+            }),
+            Message::ManifestRequest(run_id),
+            Message::Manifest(vec![1, 2, 3]),
+            Message::Error(ErrorReply::NotFound),
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips_and_kind_byte_matches() {
+        let msgs = every_kind_of_message();
+        assert_eq!(msgs.len(), MessageKind::ALL.len());
+        for m in msgs {
+            let bytes = m.encode();
+            assert_eq!(bytes[0], WIRE_VERSION);
+            assert_eq!(bytes[1], m.kind() as u8, "{:?}", m.kind());
+            assert!(bytes.len() <= m.kind().max_len());
+            assert_eq!(Message::decode(&bytes).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn limits_are_checked_before_decoding() {
+        let mut big = vec![WIRE_VERSION, MessageKind::Heartbeat as u8];
+        big.resize(2000, 0);
+        assert!(matches!(Message::decode(&big), Err(DecodeError::TooLarge { kind: Some(MessageKind::Heartbeat), .. })));
+        assert_eq!(Message::decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(Message::decode(&[9, 0]), Err(DecodeError::Version(9)));
+        assert_eq!(Message::decode(&[WIRE_VERSION, 200]), Err(DecodeError::UnknownKind(200)));
+        let huge = vec![WIRE_VERSION; max_message_len() + 1];
+        assert!(matches!(Message::decode(&huge), Err(DecodeError::TooLarge { kind: None, .. })));
+    }
+
+    #[test]
+    fn signed_announcement_opens_and_detects_forgery() {
+        let k = Keypair::deterministic(5, 1);
+        let a = sample_announcement(&k);
+        let s = Signed::sign(&a, &k);
+        assert_eq!(s.open().unwrap(), a);
+        let other = Keypair::deterministic(5, 2);
+        let forged = Signed::<UpdateAnnouncement>::from_parts(
+            s.body().to_vec(),
+            other.sign(UpdateAnnouncement::DOMAIN, s.body()),
+        );
+        assert!(forged.open().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = Message::decode(&bytes);
+        }
+
+        #[test]
+        fn decode_never_panics_on_valid_prefix(kind in 0u8..13, tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut bytes = vec![WIRE_VERSION, kind];
+            bytes.extend(tail);
+            if let Ok(m) = Message::decode(&bytes) {
+                // Whatever decodes re-encodes within its limit.
+                prop_assert!(m.encode().len() <= m.kind().max_len());
+            }
+        }
+
+        #[test]
+        fn mutated_valid_messages_never_panic(index in 0usize..13, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let msgs = every_kind_of_message();
+            let mut bytes = msgs[index].encode();
+            let i = pos.index(bytes.len());
+            bytes[i] = byte;
+            if let Ok(Message::Announce(s)) = Message::decode(&bytes) {
+                let _ = s.open();
+            }
+        }
+    }
+}
