@@ -273,7 +273,7 @@ impl Manifest {
                 }
             }
             ModelSpec::CharTransformer { vocab, context, width, layers, heads } => {
-                if *vocab < 2 || *context == 0 || *layers == 0 || *heads == 0 || width % heads != 0 {
+                if *vocab < 2 || *context == 0 || *layers == 0 || *heads == 0 || !width.is_multiple_of(*heads) {
                     return Err(ManifestError::Invalid("transformer dimensions (width must divide by heads)".into()));
                 }
             }

@@ -1,0 +1,141 @@
+//! Device selection: `auto | cpu | cuda[:N] | metal`.
+//!
+//! GPU back ends are opt-in cargo features (`cuda`, `metal`); `auto` takes
+//! the best one compiled in and present, and falls back to the CPU with a
+//! log line saying why.
+
+use std::{fmt, str::FromStr};
+
+use candle_core::Device;
+
+use crate::{Error, Result};
+
+/// What the user asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// The best available.
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// CUDA GPU with this ordinal.
+    Cuda(usize),
+    /// Apple Metal.
+    Metal,
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda(0)),
+            "metal" => Ok(DeviceChoice::Metal),
+            other => match other.strip_prefix("cuda:").map(str::parse) {
+                Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
+                _ => Err(format!("unknown device {other:?}: use auto, cpu, cuda, cuda:N or metal")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => f.write_str("auto"),
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::Metal => f.write_str("metal"),
+        }
+    }
+}
+
+/// A selected device and a description for logs and status.
+#[derive(Clone, Debug)]
+pub struct SelectedDevice {
+    /// The candle device.
+    pub device: Device,
+    /// "cpu (2 threads)", "cuda:0", ...
+    pub description: String,
+    /// Why `auto` did not pick a GPU, if it did not.
+    pub fallback_reason: Option<String>,
+}
+
+fn cpu(reason: Option<String>) -> SelectedDevice {
+    SelectedDevice {
+        device: Device::Cpu,
+        description: format!("cpu ({} threads)", candle_core::utils::get_num_threads()),
+        fallback_reason: reason,
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(n: usize) -> Result<SelectedDevice> {
+    let device = Device::new_cuda(n).map_err(|e| Error::Device(format!("cuda:{n}: {e}")))?;
+    Ok(SelectedDevice { device, description: format!("cuda:{n}"), fallback_reason: None })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(n: usize) -> Result<SelectedDevice> {
+    Err(Error::Device(format!("cuda:{n} requested, but this build has no CUDA support (rebuild with --features cuda)")))
+}
+
+#[cfg(feature = "metal")]
+fn metal() -> Result<SelectedDevice> {
+    let device = Device::new_metal(0).map_err(|e| Error::Device(format!("metal: {e}")))?;
+    Ok(SelectedDevice { device, description: "metal".into(), fallback_reason: None })
+}
+
+#[cfg(not(feature = "metal"))]
+fn metal() -> Result<SelectedDevice> {
+    Err(Error::Device("metal requested, but this build has no Metal support (rebuild with --features metal)".into()))
+}
+
+/// Selects a device. `auto` never fails: it falls back to the CPU.
+pub fn select(choice: DeviceChoice) -> Result<SelectedDevice> {
+    match choice {
+        DeviceChoice::Cpu => Ok(cpu(None)),
+        DeviceChoice::Cuda(n) => cuda(n),
+        DeviceChoice::Metal => metal(),
+        DeviceChoice::Auto => {
+            let mut reasons = Vec::new();
+            match cuda(0) {
+                Ok(d) => return Ok(d),
+                Err(e) => reasons.push(e.to_string()),
+            }
+            match metal() {
+                Ok(d) => return Ok(d),
+                Err(e) => reasons.push(e.to_string()),
+            }
+            let reason = format!("no GPU available ({}); training on the CPU", reasons.join("; "));
+            tracing::info!("{reason}");
+            Ok(cpu(Some(reason)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_display_round_trip() {
+        for s in ["auto", "cpu", "cuda:0", "cuda:3", "metal"] {
+            let c: DeviceChoice = s.parse().unwrap();
+            assert_eq!(c.to_string(), s);
+        }
+        assert_eq!("cuda".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cuda(0));
+        assert!("tpu".parse::<DeviceChoice>().is_err());
+        assert!("cuda:x".parse::<DeviceChoice>().is_err());
+    }
+
+    #[test]
+    fn auto_always_gives_a_device() {
+        let d = select(DeviceChoice::Auto).unwrap();
+        if !cfg!(any(feature = "cuda", feature = "metal")) {
+            assert!(d.device.is_cpu());
+            assert!(d.fallback_reason.is_some());
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Models as plain structs built from a `VarBuilder` (the candle way).
+
+mod cnn;
+mod mlp;
+mod transformer;
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+pub use cnn::Cnn;
+pub use mlp::Mlp;
+use ragtag_protocol::manifest::ModelSpec;
+pub use transformer::CharTransformer;
+
+use crate::{Result, params::InitScheme};
+
+/// What a model eats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    /// Feature vectors of this width.
+    Features(usize),
+    /// Square single-channel images of this side.
+    Image(usize),
+    /// Token sequences of this length over this vocabulary.
+    Tokens {
+        /// Context length.
+        context: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// Any of our models.
+#[derive(Debug)]
+pub enum Model {
+    /// A multi-layer perceptron.
+    Mlp(Mlp),
+    /// A small CNN.
+    Cnn(Cnn),
+    /// A character-level transformer.
+    Transformer(CharTransformer),
+}
+
+impl Model {
+    /// Builds the model of `spec`, creating its variables in `vb`.
+    pub fn build(spec: &ModelSpec, vb: VarBuilder) -> Result<Self> {
+        Ok(match spec {
+            ModelSpec::Mlp { inputs, hidden, classes } => Model::Mlp(Mlp::new(
+                *inputs as usize,
+                &hidden.iter().map(|h| *h as usize).collect::<Vec<_>>(),
+                *classes as usize,
+                vb,
+            )?),
+            ModelSpec::Cnn { side, channels, hidden, classes } => Model::Cnn(Cnn::new(
+                *side as usize,
+                [channels[0] as usize, channels[1] as usize],
+                *hidden as usize,
+                *classes as usize,
+                vb,
+            )?),
+            ModelSpec::CharTransformer { vocab, context, width, layers, heads } => {
+                Model::Transformer(CharTransformer::new(
+                    *vocab as usize,
+                    *context as usize,
+                    *width as usize,
+                    *layers as usize,
+                    *heads as usize,
+                    vb,
+                )?)
+            }
+        })
+    }
+
+    /// Logits, flattened to `[samples, classes]` (for the transformer one
+    /// sample per position).
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        match self {
+            Model::Mlp(m) => m.forward(input),
+            Model::Cnn(m) => m.forward(input),
+            Model::Transformer(m) => m.forward(input),
+        }
+    }
+
+    /// How this model's weights are initialised.
+    pub fn init_scheme(&self) -> InitScheme {
+        match self {
+            Model::Transformer(m) => InitScheme::Gpt2 { layers: m.layers() },
+            _ => InitScheme::FanIn,
+        }
+    }
+
+    /// What the model eats.
+    pub fn input_kind(&self) -> InputKind {
+        match self {
+            Model::Mlp(m) => InputKind::Features(m.inputs()),
+            Model::Cnn(m) => InputKind::Image(m.side()),
+            Model::Transformer(m) => InputKind::Tokens { context: m.context(), vocab: m.vocab() },
+        }
+    }
+
+    /// Classes (vocabulary for the transformer).
+    pub fn classes(&self) -> usize {
+        match self {
+            Model::Mlp(m) => m.classes(),
+            Model::Cnn(m) => m.classes(),
+            Model::Transformer(m) => m.vocab(),
+        }
+    }
+
+    /// Forward floating-point operations per sample (a sequence for the
+    /// transformer); training costs about three times this.
+    pub fn forward_flops_per_sample(&self) -> f64 {
+        match self {
+            Model::Mlp(m) => m.forward_flops(),
+            Model::Cnn(m) => m.forward_flops(),
+            Model::Transformer(m) => m.forward_flops(),
+        }
+    }
+
+    /// Bytes of activations per sample kept for the backward pass (an
+    /// estimate for memory planning).
+    pub fn activation_bytes_per_sample(&self) -> u64 {
+        match self {
+            Model::Mlp(m) => m.activation_bytes(),
+            Model::Cnn(m) => m.activation_bytes(),
+            Model::Transformer(m) => m.activation_bytes(),
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A small CNN for square single-channel images (8x8 digits, 28x28 IDX):
+//! two 3x3 convolutions with ReLU and 2x2 max-pooling, then two dense layers.
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, conv2d, linear};
+
+use crate::{Error, Result};
+
+/// conv(1->c1) pool conv(c1->c2) pool dense(hidden) dense(classes).
+#[derive(Debug)]
+pub struct Cnn {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    fc1: Linear,
+    fc2: Linear,
+    side: usize,
+    channels: [usize; 2],
+    hidden: usize,
+    classes: usize,
+}
+
+impl Cnn {
+    /// A CNN for `side`x`side` images (side divisible by 4).
+    pub fn new(side: usize, channels: [usize; 2], hidden: usize, classes: usize, vb: VarBuilder) -> Result<Self> {
+        if !side.is_multiple_of(4) {
+            return Err(Error::Shape(format!("cnn image side {side} must be divisible by 4")));
+        }
+        let cfg = Conv2dConfig { padding: 1, ..Default::default() };
+        let flat = channels[1] * (side / 4) * (side / 4);
+        Ok(Self {
+            conv1: conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?,
+            conv2: conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?,
+            fc1: linear(flat, hidden, vb.pp("fc1"))?,
+            fc2: linear(hidden, classes, vb.pp("fc2"))?,
+            side,
+            channels,
+            hidden,
+            classes,
+        })
+    }
+
+    /// Logits `[batch, classes]` from `[batch, 1, side, side]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.conv1.forward(x)?.relu()?.max_pool2d(2)?;
+        let h = self.conv2.forward(&h)?.relu()?.max_pool2d(2)?;
+        let h = h.flatten_from(1)?;
+        let h = self.fc1.forward(&h)?.relu()?;
+        Ok(self.fc2.forward(&h)?)
+    }
+
+    /// Image side.
+    pub fn side(&self) -> usize {
+        self.side
+    }
+
+    /// Output classes.
+    pub fn classes(&self) -> usize {
+        self.classes
+    }
+
+    pub(crate) fn forward_flops(&self) -> f64 {
+        let s = self.side as f64;
+        let [c1, c2] = self.channels.map(|c| c as f64);
+        let conv1 = 2.0 * s * s * c1 * 9.0;
+        let conv2 = 2.0 * (s / 2.0).powi(2) * c1 * c2 * 9.0;
+        let fc1 = 2.0 * c2 * (s / 4.0).powi(2) * self.hidden as f64;
+        let fc2 = 2.0 * self.hidden as f64 * self.classes as f64;
+        conv1 + conv2 + fc1 + fc2
+    }
+
+    pub(crate) fn activation_bytes(&self) -> u64 {
+        let s = self.side as u64;
+        let [c1, c2] = self.channels.map(|c| c as u64);
+        4 * 2 * (s * s * c1 + (s / 2) * (s / 2) * c2 + self.hidden as u64)
+    }
+}

@@ -1,0 +1,365 @@
+//! The inner training loop: from an anchor, H AdamW steps (or one gradient)
+//! on this node's data shard; held-out evaluation; flat parameter I/O.
+
+use std::{path::PathBuf, sync::Arc, time::Instant};
+
+use candle_core::{DType, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use ragtag_protocol::{
+    engine::{LocalMode, PullConfig},
+    manifest::{DataSpec, ModelSpec, TrainingSpec},
+    rng::SeededRng,
+};
+
+use crate::{
+    Error, Result,
+    data::{Batch, Dataset, Sampler, Shard},
+    device::{DeviceChoice, SelectedDevice, select},
+    memory,
+    model::Model,
+    optim::AdamW,
+    params::{Layout, ParamStore},
+};
+
+/// Everything a trainer needs.
+#[derive(Clone, Debug)]
+pub struct TrainerConfig {
+    /// The model.
+    pub model: ModelSpec,
+    /// The data.
+    pub data: DataSpec,
+    /// Inner optimiser and batch.
+    pub training: TrainingSpec,
+    /// The run's seed (weights, synthetic data, held-out set).
+    pub seed: u64,
+    /// This node's seed (its training stream).
+    pub node_seed: u64,
+    /// This node's shard.
+    pub shard: Shard,
+    /// The data file, for file-backed data.
+    pub data_path: Option<PathBuf>,
+    /// Where to train.
+    pub device: DeviceChoice,
+    /// Force a micro-batch (gradient accumulation); `None` plans from memory.
+    pub micro_batch: Option<usize>,
+}
+
+/// What a local phase produced.
+#[derive(Clone, Debug)]
+pub struct PhaseResult {
+    /// Parameters after the phase (train mode) or the gradient (gradient mode).
+    pub params: Vec<f32>,
+    /// Steps taken (gradient or pull).
+    pub steps: u32,
+    /// Samples processed.
+    pub samples: u64,
+    /// Mean training loss over the gradient steps.
+    pub loss: f32,
+    /// Wall time of the phase.
+    pub elapsed_s: f64,
+    /// `||theta - anchor||` per parameter tensor, in layout order.
+    pub layer_update_norms: Vec<f32>,
+    /// Estimated floating-point operations.
+    pub flops: f64,
+}
+
+/// Held-out quality.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalResult {
+    /// Mean cross-entropy (nats).
+    pub loss: f32,
+    /// Fraction of correct top-1 predictions.
+    pub accuracy: f32,
+    /// Samples (positions for text) evaluated.
+    pub samples: usize,
+}
+
+/// A model, its optimiser state, and this node's data stream on a device.
+#[derive(Debug)]
+pub struct Trainer {
+    model: Model,
+    params: ParamStore,
+    opt: AdamW,
+    dataset: Arc<Dataset>,
+    sampler: Sampler,
+    device: SelectedDevice,
+    training: TrainingSpec,
+    micro_batch: usize,
+    node_seed: u64,
+    shard: Shard,
+}
+
+/// Held-out samples evaluated per forward pass.
+const EVAL_CHUNK: usize = 256;
+
+impl Trainer {
+    /// Opens the data and builds the trainer.
+    pub fn new(cfg: TrainerConfig) -> Result<Self> {
+        let dataset = Arc::new(Dataset::open(
+            &cfg.data,
+            &cfg.model,
+            cfg.seed,
+            cfg.data_path.as_deref(),
+            cfg.training.eval_samples as usize,
+        )?);
+        Self::with_dataset(cfg, dataset)
+    }
+
+    /// Builds a trainer over an already opened dataset (the simulator
+    /// shares one across many nodes).
+    pub fn with_dataset(cfg: TrainerConfig, dataset: Arc<Dataset>) -> Result<Self> {
+        let device = select(cfg.device)?;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device.device);
+        let model = Model::build(&cfg.model, vb)?;
+        if model.classes() != dataset.classes() {
+            return Err(Error::Shape(format!(
+                "model has {} outputs, data {} classes",
+                model.classes(),
+                dataset.classes()
+            )));
+        }
+        let params = ParamStore::from_varmap(&varmap);
+        params.init(cfg.seed, model.init_scheme())?;
+        let opt = AdamW::new(params.vars(), &cfg.training)?;
+        let batch = cfg.training.batch_size as usize;
+        let micro_batch = match cfg.micro_batch {
+            Some(m) => m.clamp(1, batch),
+            None => {
+                let budget = if device.device.is_cpu() { memory::available_cpu_bytes() } else { None };
+                match budget {
+                    Some(b) => {
+                        memory::plan_micro_batch(params.len(), model.activation_bytes_per_sample(), batch, b * 8 / 10)?
+                    }
+                    None => batch,
+                }
+            }
+        };
+        if micro_batch < batch {
+            tracing::warn!(micro_batch, batch, "not enough memory for the whole batch: accumulating gradients");
+        }
+        let sampler = dataset.sampler(cfg.node_seed, cfg.shard);
+        Ok(Self {
+            model,
+            params,
+            opt,
+            dataset,
+            sampler,
+            device,
+            training: cfg.training,
+            micro_batch,
+            node_seed: cfg.node_seed,
+            shard: cfg.shard,
+        })
+    }
+
+    /// Number of parameters.
+    pub fn num_params(&self) -> usize {
+        self.params.len()
+    }
+
+    /// Names, shapes and offsets of the flat vector.
+    pub fn layout(&self) -> &Layout {
+        self.params.layout()
+    }
+
+    /// The device in use.
+    pub fn device(&self) -> &SelectedDevice {
+        &self.device
+    }
+
+    /// The dataset (held-out set, floors).
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// The micro-batch in use.
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batch
+    }
+
+    /// Current parameters, flat.
+    pub fn export_params(&self) -> Result<Vec<f32>> {
+        self.params.export()
+    }
+
+    /// Sets the parameters from a flat vector.
+    pub fn import_params(&self, flat: &[f32]) -> Result<()> {
+        self.params.import(flat)
+    }
+
+    /// The model (for benchmarks and tests).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Loss and gradients on one batch (accumulated over micro-batches).
+    fn loss_and_grads(&mut self, batch: &Batch) -> Result<(f32, Vec<Option<Tensor>>)> {
+        let n = batch.samples();
+        let parts = n.div_ceil(self.micro_batch).max(1);
+        let mut total: Vec<Option<Tensor>> = vec![None; self.params.vars().len()];
+        let mut loss_sum = 0.0f32;
+        for p in 0..parts {
+            let range = p * self.micro_batch..((p + 1) * self.micro_batch).min(n);
+            let weight = range.len() as f64 / n as f64;
+            let part = if parts == 1 { batch.clone() } else { batch.slice(range) };
+            let (x, y) = part.to_tensors(&self.device.device)?;
+            let logits = self.model.forward(&x)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            loss_sum += loss.to_scalar::<f32>()? * weight as f32;
+            let grads = loss.backward()?;
+            for (slot, var) in total.iter_mut().zip(self.params.vars()) {
+                if let Some(g) = grads.get(var.as_tensor()) {
+                    let g = if parts == 1 { g.clone() } else { g.affine(weight, 0.0)? };
+                    *slot = Some(match slot.take() {
+                        Some(acc) => (acc + g)?,
+                        None => g,
+                    });
+                }
+            }
+        }
+        Ok((loss_sum, total))
+    }
+
+    /// One local phase from `anchor`: `steps` inner AdamW steps (train
+    /// mode; with pull steps at probability `pull.p`), or the gradient at
+    /// the anchor (gradient mode).
+    pub fn run_phase(
+        &mut self,
+        anchor: &[f32],
+        steps: u32,
+        mode: LocalMode,
+        pull: PullConfig,
+        seed: u64,
+    ) -> Result<PhaseResult> {
+        let start = Instant::now();
+        self.params.import(anchor)?;
+        let batch_size = self.training.batch_size as usize;
+        let flops_per_step = 3.0 * self.model.forward_flops_per_sample() * batch_size as f64;
+        if mode == LocalMode::Gradient {
+            let batch = self.sampler.next_batch(batch_size);
+            let (loss, grads) = self.loss_and_grads(&batch)?;
+            let mut flat = Vec::with_capacity(self.params.len());
+            for (g, e) in grads.iter().zip(&self.params.layout().entries) {
+                match g {
+                    Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+                    None => flat.extend(std::iter::repeat_n(0.0, e.len)),
+                }
+            }
+            return Ok(PhaseResult {
+                layer_update_norms: vec![0.0; self.params.layout().entries.len()],
+                params: flat,
+                steps: 1,
+                samples: batch_size as u64,
+                loss,
+                elapsed_s: start.elapsed().as_secs_f64(),
+                flops: flops_per_step,
+            });
+        }
+        let p = pull.p.clamp(0.0, 0.99) as f64;
+        let lr_scale = 1.0 / (1.0 - p);
+        let mut rng = SeededRng::derive(seed, "pull");
+        let anchors: Option<Vec<Tensor>> = if p > 0.0 {
+            Some(
+                self.params
+                    .layout()
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        Tensor::from_slice(&anchor[e.offset..e.offset + e.len], e.shape.as_slice(), &self.device.device)
+                    })
+                    .collect::<candle_core::Result<_>>()?,
+            )
+        } else {
+            None
+        };
+        let (mut loss_sum, mut grad_steps) = (0.0f64, 0u32);
+        for _ in 0..steps {
+            if let Some(anchors) = anchors.as_ref().filter(|_| rng.bernoulli(p)) {
+                // Pull: theta += lambda (anchor - theta).
+                for (var, a) in self.params.vars().iter().zip(anchors) {
+                    let t = var.as_tensor();
+                    var.set(&(t + ((a - t)? * pull.lambda as f64)?)?)?;
+                }
+                continue;
+            }
+            let batch = self.sampler.next_batch(batch_size);
+            let (loss, grads) = self.loss_and_grads(&batch)?;
+            self.opt.step(self.params.vars(), &grads, lr_scale)?;
+            loss_sum += loss as f64;
+            grad_steps += 1;
+        }
+        let params = self.params.export()?;
+        let layer_update_norms = self
+            .params
+            .layout()
+            .entries
+            .iter()
+            .map(|e| {
+                let r = e.offset..e.offset + e.len;
+                params[r.clone()].iter().zip(&anchor[r]).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt()
+                    as f32
+            })
+            .collect();
+        Ok(PhaseResult {
+            params,
+            steps,
+            samples: grad_steps as u64 * batch_size as u64,
+            loss: if grad_steps > 0 { (loss_sum / grad_steps as f64) as f32 } else { f32::NAN },
+            elapsed_s: start.elapsed().as_secs_f64(),
+            layer_update_norms,
+            flops: flops_per_step * grad_steps as f64,
+        })
+    }
+
+    /// Held-out loss and accuracy of `params` (or of the current parameters).
+    pub fn evaluate(&mut self, params: Option<&[f32]>) -> Result<EvalResult> {
+        if let Some(p) = params {
+            self.params.import(p)?;
+        }
+        let eval = self.dataset.eval_set().clone();
+        let n = eval.samples();
+        let (mut loss_sum, mut correct, mut count) = (0.0f64, 0usize, 0usize);
+        for start in (0..n).step_by(EVAL_CHUNK) {
+            let part = eval.slice(start..(start + EVAL_CHUNK).min(n));
+            let (x, y) = part.to_tensors(&self.device.device)?;
+            let logits = self.model.forward(&x)?;
+            let m = y.dims1()?;
+            loss_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * m as f64;
+            let pred = logits.argmax(candle_core::D::Minus1)?;
+            correct += pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as usize;
+            count += m;
+        }
+        Ok(EvalResult {
+            loss: (loss_sum / count.max(1) as f64) as f32,
+            accuracy: correct as f32 / count.max(1) as f32,
+            samples: count,
+        })
+    }
+
+    /// The optimiser (for checkpoints).
+    pub(crate) fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// The optimiser, mutable (for restoring checkpoints).
+    pub(crate) fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.opt
+    }
+
+    /// Batches drawn from this node's stream (for checkpoints).
+    pub(crate) fn batches_drawn(&self) -> u64 {
+        self.sampler.drawn()
+    }
+
+    /// Moves the data stream to where a checkpoint left it.
+    pub(crate) fn resume_stream(&mut self, drawn: u64) {
+        self.sampler = self.dataset.sampler(self.node_seed, self.shard);
+        self.sampler.skip(drawn, self.training.batch_size as usize);
+    }
+
+    /// The parameter store (for checkpoints).
+    pub(crate) fn params(&self) -> &ParamStore {
+        &self.params
+    }
+}
