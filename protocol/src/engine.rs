@@ -29,7 +29,7 @@ use std::{
 };
 
 pub use config::{
-    AntiEntropyConfig, EngineConfig, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig, Schedule,
+    AntiEntropyConfig, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig, Schedule,
     StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
 use membership::{Membership, PeerInfo};
@@ -219,6 +219,15 @@ pub enum Input {
         /// A peer that holds the payload.
         from: NodeId,
     },
+    /// A validated announcement with its validated payload inline.
+    Update {
+        /// The announcement.
+        announcement: UpdateAnnouncement,
+        /// The peer it came from.
+        from: NodeId,
+        /// The encoded payload.
+        payload: Vec<u8>,
+    },
     /// Another peer says it holds a payload.
     PayloadSource {
         /// Which.
@@ -282,7 +291,7 @@ struct Training {
     round: u64,
     started: Micros,
     base: Arc<Vec<f32>>,
-    base_version: VersionVector,
+    base_version: Option<VersionVector>,
     base_applied_total: u64,
     base_tick: u64,
 }
@@ -349,11 +358,16 @@ pub struct Engine {
     residual: ErrorFeedback,
     membership: Membership,
     last_base_tick: Option<u64>,
+    last_batch_tick: Option<u64>,
     // Receive pipeline.
     awaiting: BTreeMap<UpdateId, Awaiting>,
     pending: Vec<Pending>,
+    pending_ids: BTreeSet<UpdateId>,
     tick_arrivals: BTreeMap<u64, BTreeSet<NodeId>>,
+    /// Latest base tick each live peer contributed to, and how many live
+    /// peers have each value: tick completeness in O(log N).
     last_tick_of: BTreeMap<NodeId, u64>,
+    last_tick_counts: BTreeMap<u64, u32>,
     // Timers and outputs.
     wake_at: Option<Micros>,
     startup_until: Option<Micros>,
@@ -402,10 +416,13 @@ impl Engine {
             residual: ErrorFeedback::new(),
             membership,
             last_base_tick: None,
+            last_batch_tick: None,
             awaiting: BTreeMap::new(),
             pending: Vec::new(),
+            pending_ids: BTreeSet::new(),
             tick_arrivals: BTreeMap::new(),
             last_tick_of: BTreeMap::new(),
+            last_tick_counts: BTreeMap::new(),
             wake_at: None,
             startup_until: None,
             next_heartbeat: Micros::ZERO,
@@ -422,6 +439,7 @@ impl Engine {
             Input::Start => self.on_start(now),
             Input::LocalPhaseDone(result) => self.on_local_phase_done(now, result),
             Input::Announcement { announcement, from } => self.on_announcement(now, announcement, from),
+            Input::Update { announcement, from, payload } => self.on_update(now, announcement, from, payload),
             Input::PayloadSource { id, from } => self.on_payload_source(id, from),
             Input::Payload { id, bytes } => self.on_payload(now, id, bytes),
             Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),
@@ -467,7 +485,7 @@ impl Engine {
         };
         consider(self.wake_at);
         consider(self.membership.next_expiry());
-        consider(self.awaiting.values().map(|a| a.since + FETCH_TIMEOUT).min());
+        consider(self.awaiting.values().map(|a| a.since + FETCH_TIMEOUT + Micros(1)).min());
         t
     }
 
@@ -633,8 +651,34 @@ impl Engine {
     }
 
     fn forget_peer(&mut self, peer: NodeId) {
-        self.last_tick_of.remove(&peer);
+        if let Some(t) = self.last_tick_of.remove(&peer) {
+            self.count_last_tick(t, -1);
+        }
         self.event(EngineEvent::PeerLeft(peer));
+    }
+
+    fn count_last_tick(&mut self, tick: u64, delta: i32) {
+        let c = self.last_tick_counts.entry(tick).or_insert(0);
+        *c = c.saturating_add_signed(delta);
+        if *c == 0 {
+            self.last_tick_counts.remove(&tick);
+        }
+    }
+
+    /// Records that live peer `src` contributed to base tick `tick`.
+    fn note_contribution(&mut self, src: NodeId, tick: u64) {
+        if src == self.me || !self.membership.is_live(&src) {
+            return;
+        }
+        let old = self.last_tick_of.get(&src).copied();
+        if old.is_some_and(|o| o >= tick) {
+            return;
+        }
+        if let Some(o) = old {
+            self.count_last_tick(o, -1);
+        }
+        self.last_tick_of.insert(src, tick);
+        self.count_last_tick(tick, 1);
     }
 }
 

@@ -14,9 +14,10 @@ impl Micros {
     /// The zero point of the clock.
     pub const ZERO: Micros = Micros(0);
 
-    /// From seconds, rounded down to whole microseconds; negative and NaN give zero.
+    /// From seconds, rounded to the nearest microsecond (so that a time
+    /// converted to seconds and back is unchanged); negative and NaN give zero.
     pub fn from_secs_f64(secs: f64) -> Self {
-        Micros((secs * 1e6).max(0.0) as u64)
+        Micros((secs * 1e6).round().max(0.0) as u64)
     }
 
     /// This time in seconds.
@@ -27,6 +28,18 @@ impl Micros {
     /// The time `self - earlier`, or zero if `earlier` is later.
     pub fn saturating_sub(self, earlier: Micros) -> Micros {
         Micros(self.0.saturating_sub(earlier.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_trip_exactly() {
+        for us in [0u64, 1, 2_050_000, 2_049_999, 123_456_789_012, u32::MAX as u64 * 1000] {
+            assert_eq!(Micros::from_secs_f64(Micros(us).as_secs_f64()), Micros(us));
+        }
     }
 }
 

@@ -237,7 +237,8 @@ mod tests {
         let ann = UpdateAnnouncement {
             run_id: run,
             id: UpdateId { src: k.node_id(), round: 0 },
-            base: VersionVector::new(),
+            base_total: 0,
+            base: None,
             base_tick: 0,
             publish_tick: 0,
             sender_staleness: 0,

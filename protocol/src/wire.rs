@@ -40,8 +40,12 @@ pub struct UpdateAnnouncement {
     pub run_id: RunId,
     /// Source and round.
     pub id: UpdateId,
-    /// The version vector the round started from.
-    pub base: VersionVector,
+    /// `|B|`: updates applied to the base the round started from.
+    pub base_total: u64,
+    /// The base version vector itself, sent only when receivers measure
+    /// staleness themselves (it grows with the swarm; the other measures
+    /// need only the numbers carried here).
+    pub base: Option<VersionVector>,
     /// The tick the round started in (tick mode).
     pub base_tick: u64,
     /// The tick it was published in (tick mode).
@@ -394,7 +398,8 @@ mod tests {
         UpdateAnnouncement {
             run_id: RunId(Hash32([7; 32])),
             id: UpdateId { src: k.node_id(), round: 3 },
-            base,
+            base_total: base.total(),
+            base: Some(base),
             base_tick: 2,
             publish_tick: 3,
             sender_staleness: 1,

@@ -1,1 +1,121 @@
-fn main() {}
+//! `ragtag-simnet`: the heterogeneity lab's command line.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use ragtag_protocol::engine::Strategy;
+use ragtag_simnet::{
+    compare::{compare, summarize, table, write_all},
+    report::{RunSummary, run_line},
+    scenario::{BUILTIN, Scenario},
+    sim::{RunOptions, run},
+};
+
+/// Many ragtag nodes in virtual time: the real engine, real math, a
+/// modelled clock and network.
+#[derive(Parser, Debug)]
+#[command(name = "ragtag-simnet", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the built-in scenarios.
+    Scenarios,
+    /// Run one strategy on a scenario.
+    Run {
+        /// Built-in scenario name or a TOML file.
+        #[arg(long, default_value = "demo")]
+        scenario: String,
+        /// Strategy: ddp, diloco, diloco-proportional, async, gopals, gopals-async.
+        #[arg(long, default_value = "gopals", value_parser = parse_strategy)]
+        strategy: Strategy,
+        /// Seed offset.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write summary.json, CSV and plots here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the JSON summary on stdout (and no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run several strategies on the same scenario and compare them.
+    Compare {
+        /// Built-in scenario name or a TOML file.
+        #[arg(long, default_value = "demo")]
+        scenario: String,
+        /// Strategies, comma separated.
+        #[arg(long, default_value = "ddp,diloco,diloco-proportional,async,gopals", value_delimiter = ',', value_parser = parse_strategy)]
+        strategies: Vec<Strategy>,
+        /// Seeds per strategy.
+        #[arg(long, default_value_t = 1)]
+        seeds: u32,
+        /// Write summary.json, CSV and plots here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the JSON summary on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    Strategy::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
+        format!("unknown strategy {s:?}; one of {}", names.join(", "))
+    })
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Scenarios => {
+            for (name, _) in BUILTIN {
+                let s = Scenario::load(name)?;
+                println!("{name:<14} {:>5} nodes  {}", s.node_count(), s.description);
+            }
+        }
+        Command::Run { scenario, strategy, seed, out, json } => {
+            let s = Scenario::load(&scenario)?;
+            let wall = std::time::Instant::now();
+            let output = run(&s, &RunOptions { strategy, seed, progress: !json })?;
+            let summary = RunSummary::new(&s, &output);
+            if let Some(dir) = &out {
+                let c = summarize(&s, &[strategy], 1, std::slice::from_ref(&output));
+                write_all(dir, &c, std::slice::from_ref(&output)).with_context(|| format!("writing {}", dir.display()))?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            } else {
+                println!("{}", run_line(&summary));
+                println!("({} events, {:.1}s wall)", summary.events, wall.elapsed().as_secs_f64());
+            }
+        }
+        Command::Compare { scenario, strategies, seeds, out, json } => {
+            if strategies.is_empty() || seeds == 0 {
+                bail!("need at least one strategy and one seed");
+            }
+            let s = Scenario::load(&scenario)?;
+            let (c, outputs) = compare(&s, &strategies, seeds, !json)?;
+            if let Some(dir) = &out {
+                write_all(dir, &c, &outputs).with_context(|| format!("writing {}", dir.display()))?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                print!("{}", table(&c));
+                if let Some(dir) = &out {
+                    println!("wrote summary.json, CSV and PNG plots to {}", dir.display());
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -24,7 +24,7 @@ impl Teacher {
         let mut rng = SeededRng::derive(seed, "teacher");
         let s1 = 1.0 / (inputs as f64).sqrt();
         let s2 = 2.0 / (hidden as f64).sqrt();
-        let w1 = (0..hidden * inputs).map(|_| (rng.normal() * s1 * 2.0) as f32).collect();
+        let w1 = (0..hidden * inputs).map(|_| (rng.normal() * s1) as f32).collect();
         let w2 = (0..classes * hidden).map(|_| (rng.normal() * s2) as f32).collect();
         Self { inputs, hidden, classes, w1, w2, inv_temperature: 1.0 / temperature.max(1e-3) }
     }

@@ -86,7 +86,7 @@ impl Engine {
             .applied
             .missing_from(&mine)
             .into_iter()
-            .filter(|id| !self.awaiting.contains_key(id) && !self.pending.iter().any(|p| p.announcement.id == *id))
+            .filter(|id| !self.awaiting.contains_key(id) && !self.pending_ids.contains(id))
             .collect();
         for id in missing.iter().take(MAX_ANTI_ENTROPY_FETCHES) {
             self.emit(Output::FetchAnnouncement { id: *id, from });

@@ -65,10 +65,12 @@ impl std::fmt::Display for Strategy {
 pub enum Schedule {
     /// Rounds aligned to a shared clock; a round ends on the clock, never
     /// waiting for anyone, and the next starts once the tick's updates are in
-    /// or `grace_ms` after the tick, whichever is first.
+    /// or `grace` (a fraction of the tick period) after the tick, whichever
+    /// is first.
     Tick {
-        /// Wait after a tick for its updates to arrive.
-        grace_ms: u32,
+        /// Longest wait after a tick for its updates, as a fraction of the
+        /// tick period (choose H so that a tick is ~10x the dissemination time).
+        grace: f32,
         /// Fraction of the tick left unplanned as a safety margin against
         /// speed estimates that are slightly optimistic.
         margin: f32,
@@ -266,7 +268,7 @@ impl EngineConfig {
         };
         let base = EngineConfig {
             strategy,
-            schedule: Schedule::Tick { grace_ms: 2_000, margin: 0.02, period_ms: None },
+            schedule: Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None },
             work: Work::ProportionalToSpeed,
             local: LocalMode::Train,
             h: 50,
@@ -361,10 +363,13 @@ impl EngineConfig {
         {
             return Err("gradient mode needs an AdamW or SGD outer optimiser".into());
         }
-        if let Schedule::Tick { margin, .. } = self.schedule
-            && !(0.0..0.5).contains(&margin)
-        {
-            return Err(format!("tick margin must be in [0, 0.5), got {margin}"));
+        if let Schedule::Tick { margin, grace, .. } = self.schedule {
+            if !(0.0..0.5).contains(&margin) {
+                return Err(format!("tick margin must be in [0, 0.5), got {margin}"));
+            }
+            if !(grace >= 0.0) {
+                return Err(format!("tick grace must be a non-negative fraction of the period, got {grace}"));
+            }
         }
         if self.membership.max_peers == 0 || self.membership.peer_timeout_ms == 0 {
             return Err("membership limits must be positive".into());
@@ -373,9 +378,146 @@ impl EngineConfig {
     }
 }
 
+/// Changes to a strategy preset, as a manifest, scenario or command line
+/// gives them: every field is optional.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineOverrides {
+    /// Reference inner steps per round.
+    pub h: Option<u32>,
+    /// Fewest inner steps worth a round.
+    pub h_min: Option<u32>,
+    /// Outer learning rate.
+    pub eta: Option<f32>,
+    /// Outer momentum.
+    pub beta: Option<f32>,
+    /// Outer warm-up rounds.
+    pub warmup_rounds: Option<u32>,
+    /// Outer optimiser.
+    pub outer: Option<OuterKind>,
+    /// Payload codec.
+    pub codec: Option<CodecKind>,
+    /// Error feedback on or off.
+    pub error_feedback: Option<bool>,
+    /// Staleness weight.
+    pub weight: Option<StalenessWeight>,
+    /// Staleness measure.
+    pub measure: Option<StalenessMeasure>,
+    /// Drop beyond this staleness.
+    pub tau_max: Option<u32>,
+    /// Work per round.
+    pub work: Option<Work>,
+    /// Tick grace as a fraction of the period (tick mode).
+    pub grace: Option<f32>,
+    /// Tick margin (tick mode).
+    pub margin: Option<f32>,
+    /// Fixed tick period (tick mode).
+    pub period_ms: Option<u32>,
+    /// Pull probability.
+    pub pull_p: Option<f32>,
+    /// Pull strength.
+    pub pull_lambda: Option<f32>,
+    /// Anti-entropy period in rounds (0 = off).
+    pub anti_entropy_every: Option<u32>,
+    /// Heartbeat period.
+    pub heartbeat_ms: Option<u32>,
+    /// Silence before a peer leaves the live set.
+    pub peer_timeout_ms: Option<u32>,
+    /// Canonical batches on or off.
+    pub canonical_batches: Option<bool>,
+}
+
+impl EngineOverrides {
+    /// The preset of `strategy` with these changes.
+    pub fn apply(&self, strategy: Strategy) -> EngineConfig {
+        let mut c = EngineConfig::preset(strategy);
+        let ddp = strategy == Strategy::Ddp;
+        // ddp is one gradient step per round by definition.
+        if !ddp {
+            if let Some(v) = self.h {
+                c.h = v;
+            }
+            if let Some(v) = self.h_min {
+                c.h_min = v;
+            }
+            if let Some(v) = self.codec {
+                c.codec = v;
+            }
+            if let Some(v) = self.error_feedback {
+                c.error_feedback = v;
+            }
+            if let Some(v) = self.eta {
+                c.outer.eta = v;
+            }
+            if let Some(v) = self.beta {
+                c.outer.beta = v;
+            }
+            if let Some(v) = self.outer {
+                c.outer.kind = v;
+            }
+            if let Some(v) = self.warmup_rounds {
+                c.outer.warmup_rounds = v;
+            }
+        }
+        c.h_min = c.h_min.min(c.h);
+        if let Some(v) = self.weight {
+            c.staleness.weight = v;
+        }
+        if let Some(v) = self.measure {
+            c.staleness.measure = v;
+        }
+        if let Some(v) = self.tau_max {
+            c.staleness.tau_max = v;
+        }
+        if let Some(v) = self.work
+            && !ddp
+        {
+            c.work = v;
+        }
+        if let Schedule::Tick { grace, margin, period_ms } = &mut c.schedule {
+            *grace = self.grace.unwrap_or(*grace);
+            *margin = self.margin.unwrap_or(*margin);
+            *period_ms = self.period_ms.or(*period_ms);
+        }
+        if let Some(v) = self.pull_p {
+            c.pull.p = v;
+        }
+        if let Some(v) = self.pull_lambda {
+            c.pull.lambda = v;
+        }
+        if let Some(v) = self.anti_entropy_every {
+            c.anti_entropy.every_rounds = v;
+        }
+        if let Some(v) = self.heartbeat_ms {
+            c.membership.heartbeat_ms = v;
+        }
+        if let Some(v) = self.peer_timeout_ms {
+            c.membership.peer_timeout_ms = v;
+        }
+        if let Some(v) = self.canonical_batches {
+            c.canonical_batches = v;
+        }
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overrides_change_only_what_they_name() {
+        let o = EngineOverrides { h: Some(80), eta: Some(0.5), ..EngineOverrides::default() };
+        let c = o.apply(Strategy::Gopals);
+        assert_eq!(c.h, 80);
+        assert_eq!(c.outer.eta, 0.5);
+        assert_eq!(c.outer.beta, EngineConfig::preset(Strategy::Gopals).outer.beta);
+        // ddp keeps one step per round and its optimiser.
+        let d = o.apply(Strategy::Ddp);
+        assert_eq!(d.h, 1);
+        assert_eq!(d.outer.kind, OuterKind::AdamW);
+        assert_eq!(EngineOverrides::default().apply(Strategy::Diloco), EngineConfig::preset(Strategy::Diloco));
+    }
 
     #[test]
     fn every_preset_is_valid_and_names_round_trip() {

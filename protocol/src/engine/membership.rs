@@ -1,7 +1,7 @@
 //! Who is alive and how fast they are: the live count N and the reference
 //! speed v_ref come from here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::{ids::NodeId, time::Micros};
 
@@ -25,6 +25,8 @@ pub struct Membership {
     me: NodeId,
     my_speed: f32,
     peers: BTreeMap<NodeId, PeerInfo>,
+    /// `(last_seen, peer)`, so expiry costs O(log N), not O(N).
+    by_last_seen: BTreeSet<(Micros, NodeId)>,
     timeout: Micros,
     max_peers: usize,
 }
@@ -43,7 +45,7 @@ pub enum MembershipChange {
 impl Membership {
     /// A table holding only us.
     pub fn new(me: NodeId, my_speed: f32, timeout: Micros, max_peers: usize) -> Self {
-        Self { me, my_speed, peers: BTreeMap::new(), timeout, max_peers }
+        Self { me, my_speed, peers: BTreeMap::new(), by_last_seen: BTreeSet::new(), timeout, max_peers }
     }
 
     /// Our own id.
@@ -67,38 +69,50 @@ impl Membership {
             return MembershipChange::Refreshed;
         }
         if let Some(p) = self.peers.get_mut(&peer) {
+            self.by_last_seen.remove(&(p.last_seen, peer));
             p.speed = info.speed;
             p.last_seen = p.last_seen.max(info.last_seen);
             p.round = p.round.max(info.round);
             p.first_round = p.first_round.min(info.first_round);
+            self.by_last_seen.insert((p.last_seen, peer));
             return MembershipChange::Refreshed;
         }
         if self.peers.len() >= self.max_peers {
             return MembershipChange::Full;
         }
+        self.by_last_seen.insert((info.last_seen, peer));
         self.peers.insert(peer, info);
         MembershipChange::Joined
     }
 
     /// Removes `peer` (it left or disconnected). Returns whether it was known.
     pub fn remove(&mut self, peer: &NodeId) -> bool {
-        self.peers.remove(peer).is_some()
+        match self.peers.remove(peer) {
+            Some(p) => {
+                self.by_last_seen.remove(&(p.last_seen, *peer));
+                true
+            }
+            None => false,
+        }
     }
 
     /// Removes peers silent for longer than the timeout; returns them.
     pub fn expire(&mut self, now: Micros) -> Vec<NodeId> {
-        let timeout = self.timeout;
-        let dead: Vec<NodeId> =
-            self.peers.iter().filter(|(_, p)| now.saturating_sub(p.last_seen) > timeout).map(|(id, _)| *id).collect();
-        for id in &dead {
-            self.peers.remove(id);
+        let mut dead = Vec::new();
+        while let Some(&(seen, id)) = self.by_last_seen.first() {
+            if now.saturating_sub(seen) <= self.timeout {
+                break;
+            }
+            self.by_last_seen.pop_first();
+            self.peers.remove(&id);
+            dead.push(id);
         }
         dead
     }
 
     /// When the next peer would expire, if any.
     pub fn next_expiry(&self) -> Option<Micros> {
-        self.peers.values().map(|p| p.last_seen + self.timeout + Micros(1)).min()
+        self.by_last_seen.first().map(|(seen, _)| *seen + self.timeout + Micros(1))
     }
 
     /// N: live peers plus us.

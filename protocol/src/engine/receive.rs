@@ -24,38 +24,52 @@ impl Engine {
         match self.cfg.staleness.measure {
             StalenessMeasure::Tick => a.publish_tick.saturating_sub(a.base_tick),
             StalenessMeasure::Sender => a.sender_staleness as u64,
-            StalenessMeasure::Receiver => self.version.staleness_since(&a.base),
+            StalenessMeasure::Receiver => match &a.base {
+                Some(base) => self.version.staleness_since(base),
+                // Without the vector, fall back to the totals (an upper bound).
+                None => self.version.total().saturating_sub(a.base_total),
+            },
         }
     }
 
     fn is_known(&self, id: &UpdateId) -> bool {
-        self.awaiting.contains_key(id) || self.pending.iter().any(|p| p.announcement.id == *id)
+        self.awaiting.contains_key(id) || self.pending_ids.contains(id)
     }
 
-    pub(super) fn on_announcement(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId) {
+    /// Checks a new announcement: not ours, not seen, not too stale. Returns
+    /// true when its payload is wanted. Known-but-pending updates record
+    /// `from` as another source.
+    fn admit(&mut self, a: &UpdateAnnouncement, from: NodeId) -> bool {
         if a.run_id != self.run_id || a.num_values as usize != self.anchor.len() {
-            return; // the shell's validator refuses these before us
+            return false; // the shell's validator refuses these before us
         }
         if a.id.src == self.me {
-            return; // our own, echoed back
+            return false; // our own, echoed back
         }
         if self.applied.contains(&a.id) || self.given_up.contains(&a.id) {
             *self.stats.dropped.entry(RejectReason::Replay).or_insert(0) += 1;
             self.event(EngineEvent::Dropped { id: a.id, reason: RejectReason::Replay });
-            return;
+            return false;
         }
         if let Some(w) = self.awaiting.get_mut(&a.id) {
             if !w.sources.contains(&from) {
                 w.sources.push(from);
             }
-            return;
+            return false;
         }
         if self.is_known(&a.id) {
-            return;
+            return false;
         }
-        let tau = self.staleness(&a);
+        let tau = self.staleness(a);
         if tau > self.cfg.staleness.tau_max as u64 {
-            self.drop_update(&a, RejectReason::TooStale, true);
+            self.drop_update(a, RejectReason::TooStale, true);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn on_announcement(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId) {
+        if !self.admit(&a, from) {
             return;
         }
         if self.awaiting.len() >= MAX_AWAITING
@@ -66,6 +80,19 @@ impl Engine {
         }
         self.emit(Output::FetchPayload { id: a.id, from, len: a.payload_len, hash: a.payload_hash });
         self.awaiting.insert(a.id, Awaiting { announcement: a, sources: vec![from], tried: 1, since: now });
+    }
+
+    /// An announcement that arrived with its (validated) payload inline:
+    /// small models' updates fit in one gossip message.
+    pub(super) fn on_update(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId, bytes: Vec<u8>) {
+        if !self.admit(&a, from) {
+            return;
+        }
+        if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
+            self.drop_update(&a, RejectReason::ShapeMismatch, true);
+            return;
+        }
+        self.accept_payload(now, a, Arc::new(bytes));
     }
 
     pub(super) fn on_payload_source(&mut self, id: UpdateId, from: NodeId) {
@@ -130,15 +157,17 @@ impl Engine {
     pub(super) fn accept_payload(&mut self, now: Micros, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             self.tick_arrivals.entry(a.base_tick).or_default().insert(a.id.src);
-            let t = self.last_tick_of.entry(a.id.src).or_insert(a.base_tick);
-            *t = (*t).max(a.base_tick);
+            self.note_contribution(a.id.src, a.base_tick);
             let newest = self.tick_arrivals.keys().next_back().copied().unwrap_or(0);
-            self.tick_arrivals.retain(|k, _| k + ARRIVAL_HISTORY >= newest);
+            while self.tick_arrivals.first_key_value().is_some_and(|(k, _)| k + ARRIVAL_HISTORY < newest) {
+                self.tick_arrivals.pop_first();
+            }
         }
         if self.cfg.canonical_batches {
             if self.pending.len() >= MAX_PENDING {
                 self.apply_pending(now);
             }
+            self.pending_ids.insert(a.id);
             self.pending.push(Pending { announcement: a, bytes });
         } else {
             self.apply_one(&a, &bytes);
@@ -152,6 +181,7 @@ impl Engine {
             return;
         }
         let mut batch = std::mem::take(&mut self.pending);
+        self.pending_ids.clear();
         batch.sort_by(|x, y| {
             (x.announcement.base_tick, x.announcement.id).cmp(&(y.announcement.base_tick, y.announcement.id))
         });

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Engine, EngineEvent, LocalPhase, LocalResult, Output, Phase, Publication, Training,
-    config::{LocalMode, Schedule, Work},
+    config::{LocalMode, Schedule, StalenessMeasure, Work},
     tick::TickClock,
 };
 use crate::{ids::Hash32, ids::UpdateId, ledger::RecordKind, time::Micros, wire::UpdateAnnouncement};
@@ -27,8 +27,8 @@ impl Engine {
                 }
                 Some(self.proportional_steps())
             }
-            Schedule::Tick { grace_ms, margin, period_ms } => {
-                let Some(steps) = self.tick_round_steps(now, grace_ms, margin, period_ms) else {
+            Schedule::Tick { grace, margin, period_ms } => {
+                let Some(steps) = self.tick_round_steps(now, grace, margin, period_ms) else {
                     return;
                 };
                 Some(steps)
@@ -63,7 +63,7 @@ impl Engine {
 
     /// Tick mode: the steps of a round starting now, or `None` after
     /// setting when to look again.
-    fn tick_round_steps(&mut self, now: Micros, grace_ms: u32, margin: f32, period_ms: Option<u32>) -> Option<u32> {
+    fn tick_round_steps(&mut self, now: Micros, grace: f32, margin: f32, period_ms: Option<u32>) -> Option<u32> {
         let period = self.tick_period(period_ms);
         let clock = self.clock.get_or_insert_with(|| TickClock::new(self.t0, period));
         clock.propose_period(now, period);
@@ -74,7 +74,7 @@ impl Engine {
             self.wake_at = Some(next);
             return None;
         }
-        let deadline = this_tick + Micros(grace_ms as u64 * 1000);
+        let deadline = this_tick + Micros::from_secs_f64(period.as_secs_f64() * grace as f64);
         if now < deadline && k > 0 && !self.tick_complete(k - 1) {
             self.wake_at = Some(deadline);
             return None;
@@ -88,6 +88,12 @@ impl Engine {
             }
         };
         if steps < self.cfg.h_min {
+            // Too little of this tick left to train: still absorb the last
+            // tick's updates (once), so this replica keeps up while it waits.
+            if self.last_batch_tick != Some(k) {
+                self.apply_pending(now);
+                self.last_batch_tick = Some(k);
+            }
             self.wake_at = Some(next);
             return None;
         }
@@ -97,15 +103,18 @@ impl Engine {
     /// True when every live member we expect has delivered its update for
     /// tick `k`. Expected: members that contributed in tick `k - 1` or
     /// later, and members that never contributed yet (starting up). We do
-    /// not wait for stragglers that already missed a tick.
+    /// not wait for stragglers that already missed a tick. O(log N): every
+    /// peer that delivered for `k` is itself expected, so counting suffices.
     pub(super) fn tick_complete(&self, k: u64) -> bool {
         let arrived = self.tick_arrivals.get(&k);
-        let has = |n: &crate::ids::NodeId| arrived.is_some_and(|a| a.contains(n));
-        let regular = |n: &crate::ids::NodeId| self.last_tick_of.get(n).is_none_or(|t| *t + 1 >= k);
-        if self.last_base_tick == Some(k) && !has(&self.me) {
+        let me_in = arrived.is_some_and(|a| a.contains(&self.me));
+        if self.last_base_tick == Some(k) && !me_in {
             return false;
         }
-        self.membership.peers().all(|(id, _)| !regular(id) || has(id))
+        let arrived_peers = arrived.map_or(0, |a| a.len() - usize::from(me_in));
+        let never_contributed = self.membership.live_count() - 1 - self.last_tick_of.len().min(self.membership.live_count() - 1);
+        let recent: u32 = self.last_tick_counts.range(k.saturating_sub(1)..).map(|(_, c)| *c).sum();
+        arrived_peers >= never_contributed + recent as usize
     }
 
     /// True when every live member that takes part in `round` has its
@@ -113,9 +122,7 @@ impl Engine {
     pub(super) fn barrier_complete(&self, round: u64) -> bool {
         let done = |src| {
             let id = UpdateId { src, round };
-            self.applied.contains(&id)
-                || self.given_up.contains(&id)
-                || self.pending.iter().any(|p| p.announcement.id == id)
+            self.applied.contains(&id) || self.given_up.contains(&id) || self.pending_ids.contains(&id)
         };
         done(self.me) && self.membership.peers().all(|(id, info)| info.first_round > round || done(*id))
     }
@@ -125,6 +132,7 @@ impl Engine {
         let base_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             self.last_base_tick = Some(base_tick);
+            self.last_batch_tick = Some(base_tick);
         }
         let round = self.round;
         let base = self.anchor.clone();
@@ -132,7 +140,7 @@ impl Engine {
             round,
             started: now,
             base: base.clone(),
-            base_version: self.version.clone(),
+            base_version: (self.cfg.staleness.measure == StalenessMeasure::Receiver).then(|| self.version.clone()),
             base_applied_total: self.version.total(),
             base_tick,
         });
@@ -186,6 +194,7 @@ impl Engine {
         let announcement = UpdateAnnouncement {
             run_id: self.run_id,
             id: UpdateId { src: self.me, round: training.round },
+            base_total: training.base_applied_total,
             base: training.base_version.clone(),
             base_tick: training.base_tick,
             publish_tick,

@@ -321,7 +321,7 @@ fn tick_mode_with_unbounded_grace_equals_the_synchronous_result() {
     sync.outer.warmup_rounds = 0;
     sync.anti_entropy.every_rounds = 0;
     let mut tick = sync;
-    tick.schedule = Schedule::Tick { grace_ms: u32::MAX, margin: 0.0, period_ms: Some(6_000) };
+    tick.schedule = Schedule::Tick { grace: 1e9, margin: 0.0, period_ms: Some(6_000) };
     tick.staleness.measure = StalenessMeasure::Tick;
     // Equal speeds: every node's round fits one tick.
     let speeds = [1.0, 1.0, 1.0, 1.0];
@@ -359,7 +359,8 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     let ann = |round, stale| UpdateAnnouncement {
         run_id: run,
         id: UpdateId { src: k1, round },
-        base: VersionVector::new(),
+        base_total: 0,
+            base: None,
         base_tick: 0,
         publish_tick: 0,
         sender_staleness: stale,
@@ -426,7 +427,8 @@ fn random_updates(cfg: &EngineConfig, n: usize, seed: u64) -> Vec<(UpdateAnnounc
             let a = UpdateAnnouncement {
                 run_id: RunId(Hash32([1; 32])),
                 id: UpdateId { src, round: (i / 3) as u64 },
-                base: VersionVector::new(),
+                base_total: 0,
+            base: None,
                 base_tick: (i / 3) as u64,
                 publish_tick: (i / 3) as u64,
                 sender_staleness: 0,
@@ -558,6 +560,8 @@ proptest! {
             };
             e.handle(now, input);
             e.handle_timeout(now);
+            // A driver must always make progress: the next timeout is in the future.
+            prop_assert!(e.poll_timeout().is_none_or(|t| t > now), "timeout {:?} not after {:?}", e.poll_timeout(), now);
             while let Some(o) = e.poll_output() {
                 if let Output::Event(EngineEvent::Applied { id, .. }) = o {
                     prop_assert!(applied.insert(id), "applied twice: {:?}", id);

@@ -1,0 +1,190 @@
+//! Every strategy on the same scenario, side by side, against ddp and the
+//! ideal (the time the swarm's aggregate compute needs for the samples
+//! that ddp needed).
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Result;
+use ragtag_protocol::engine::Strategy;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    report::{RunSummary, loss_at_samples, secs},
+    scenario::Scenario,
+    sim::{RunOptions, RunOutput, run},
+};
+
+/// One strategy's figures, averaged over seeds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StrategyRow {
+    /// Strategy.
+    pub strategy: String,
+    /// Seeds that reached the target.
+    pub reached: u32,
+    /// Seeds run.
+    pub seeds: u32,
+    /// Mean virtual time to target over the seeds that reached it.
+    pub time_to_target_s: Option<f64>,
+    /// Time to target over ddp's.
+    pub vs_ddp: Option<f64>,
+    /// Time to target over the ideal.
+    pub vs_ideal: Option<f64>,
+    /// Mean utilisation per node.
+    pub utilisation: f64,
+    /// Bytes sent per sample processed.
+    pub bytes_per_sample: f64,
+    /// ddp's bytes per sample over this strategy's.
+    pub bytes_fewer_than_ddp: Option<f64>,
+    /// Final held-out loss of the mean replica.
+    pub final_loss: f32,
+    /// Held-out loss at the number of samples ddp processed, relative to ddp's (0.01 = 1% worse).
+    pub loss_vs_ddp_at_equal_samples: Option<f64>,
+    /// Mean staleness of applied updates.
+    pub mean_staleness: f64,
+    /// Largest replica distance seen.
+    pub consensus_distance_max: f32,
+}
+
+/// A comparison.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Scenario name.
+    pub scenario: String,
+    /// Target loss.
+    pub target_loss: f32,
+    /// Seeds per strategy.
+    pub seeds: u32,
+    /// The ideal time to target (needs ddp in the comparison).
+    pub ideal_time_s: Option<f64>,
+    /// Samples per virtual second the swarm's hardware can process.
+    pub aggregate_samples_per_s: f64,
+    /// One row per strategy.
+    pub rows: Vec<StrategyRow>,
+    /// Every run.
+    pub runs: Vec<RunSummary>,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let v: Vec<f64> = v.collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Runs `strategies` × `seeds` on `scenario`.
+pub fn compare(scenario: &Scenario, strategies: &[Strategy], seeds: u32, progress: bool) -> Result<(Comparison, Vec<RunOutput>)> {
+    let mut outputs = Vec::new();
+    for &strategy in strategies {
+        for seed in 0..seeds as u64 {
+            if progress {
+                eprintln!("running {} seed {seed} on {}", strategy.name(), scenario.name);
+            }
+            outputs.push(run(scenario, &RunOptions { strategy, seed, progress })?);
+        }
+    }
+    Ok((summarize(scenario, strategies, seeds, &outputs), outputs))
+}
+
+/// Builds the comparison from finished runs.
+pub fn summarize(scenario: &Scenario, strategies: &[Strategy], seeds: u32, outputs: &[RunOutput]) -> Comparison {
+    let runs: Vec<RunSummary> = outputs.iter().map(|o| RunSummary::new(scenario, o)).collect();
+    let of = |s: Strategy| runs.iter().zip(outputs).filter(move |(r, _)| r.strategy == s.name());
+    let ddp_samples = mean(of(Strategy::Ddp).filter_map(|(r, _)| r.samples_to_target.map(|v| v as f64)));
+    let ddp_time = mean(of(Strategy::Ddp).filter_map(|(r, _)| r.time_to_target_s));
+    let ddp_bytes = mean(of(Strategy::Ddp).map(|(r, _)| r.bytes_per_sample));
+    let rate_runs = if ddp_samples.is_some() { of(Strategy::Ddp).collect::<Vec<_>>() } else { Vec::new() };
+    let aggregate_samples_per_s = mean(rate_runs.iter().map(|(r, _)| r.aggregate_work / r.end_s.max(1e-9)))
+        .unwrap_or_else(|| {
+            let speeds: f64 = crate::speed::profiles(scenario, scenario.seed).iter().map(|p| p.base).sum();
+            speeds
+        })
+        / scenario.step_cost_s
+        * scenario.training.batch_size as f64;
+    let ideal_time_s = ddp_samples.map(|s| s / aggregate_samples_per_s);
+    let rows = strategies
+        .iter()
+        .map(|&s| {
+            let these: Vec<(&RunSummary, &RunOutput)> = of(s).collect();
+            let time = mean(these.iter().filter_map(|(r, _)| r.time_to_target_s));
+            let bytes = mean(these.iter().map(|(r, _)| r.bytes_per_sample)).unwrap_or(0.0);
+            let loss_vs = mean(these.iter().filter_map(|(r, o)| {
+                let (_, ddp_out) = of(Strategy::Ddp).find(|(d, _)| d.seed == r.seed)?;
+                let samples = ddp_out.series.last()?.samples.min(o.series.last()?.samples);
+                let mine = loss_at_samples(&o.series, samples)? as f64;
+                let theirs = loss_at_samples(&ddp_out.series, samples)? as f64;
+                Some(mine / theirs - 1.0)
+            }));
+            StrategyRow {
+                strategy: s.name().into(),
+                reached: these.iter().filter(|(r, _)| r.time_to_target_s.is_some()).count() as u32,
+                seeds: these.len() as u32,
+                time_to_target_s: time,
+                vs_ddp: time.zip(ddp_time).map(|(a, b)| a / b),
+                vs_ideal: time.zip(ideal_time_s).map(|(a, b)| a / b),
+                utilisation: mean(these.iter().map(|(r, _)| r.utilisation_mean)).unwrap_or(0.0),
+                bytes_per_sample: bytes,
+                bytes_fewer_than_ddp: ddp_bytes.filter(|_| bytes > 0.0).map(|d| d / bytes),
+                final_loss: mean(these.iter().map(|(r, _)| r.final_loss as f64)).unwrap_or(f64::NAN) as f32,
+                loss_vs_ddp_at_equal_samples: loss_vs,
+                mean_staleness: mean(these.iter().map(|(r, _)| r.mean_staleness)).unwrap_or(0.0),
+                consensus_distance_max: these.iter().map(|(r, _)| r.consensus_distance_max).fold(0.0, f32::max),
+            }
+        })
+        .collect();
+    Comparison {
+        scenario: scenario.name.clone(),
+        target_loss: scenario.target_loss,
+        seeds,
+        ideal_time_s,
+        aggregate_samples_per_s,
+        rows,
+        runs,
+    }
+}
+
+fn ratio(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |r| format!("{r:.2}x"))
+}
+
+/// The comparison as a text table.
+pub fn table(c: &Comparison) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "scenario {} | target loss {} | seeds {} | ideal time to target {}",
+        c.scenario,
+        c.target_loss,
+        c.seeds,
+        secs(c.ideal_time_s)
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:>8} {:>12} {:>8} {:>8} {:>7} {:>12} {:>10} {:>10} {:>12} {:>9}",
+        "strategy", "reached", "to target", "x ddp", "x ideal", "util", "bytes/sample", "x fewer", "final loss", "loss@ddp-S", "staleness"
+    );
+    for r in &c.rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>8} {:>12} {:>8} {:>8} {:>6.1}% {:>12.1} {:>10} {:>10.4} {:>12} {:>9.2}",
+            r.strategy,
+            format!("{}/{}", r.reached, r.seeds),
+            secs(r.time_to_target_s),
+            ratio(r.vs_ddp),
+            ratio(r.vs_ideal),
+            100.0 * r.utilisation,
+            r.bytes_per_sample,
+            ratio(r.bytes_fewer_than_ddp),
+            r.final_loss,
+            r.loss_vs_ddp_at_equal_samples.map_or_else(|| "-".into(), |v| format!("{:+.1}%", 100.0 * v)),
+            r.mean_staleness,
+        );
+    }
+    out
+}
+
+/// Writes summary.json, the CSV files and the plots into `dir`.
+pub fn write_all(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(c)? + "\n")?;
+    crate::report::write_csv(dir, outputs)?;
+    crate::plot::write_plots(dir, c, outputs)?;
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! Reports: the JSON summary of a run, CSV time series, and the table.
+
+use std::{collections::BTreeMap, fmt::Write as _, io::Write, path::Path};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    measure::Sample,
+    scenario::Scenario,
+    sim::{NodeOutput, RunOutput},
+};
+
+/// A node's line in a summary.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    /// Its accounting.
+    #[serde(flatten)]
+    pub node: NodeOutput,
+    /// Busy time over up time.
+    pub utilisation: f64,
+    /// Updates per virtual second of up time.
+    pub update_rate: f64,
+}
+
+/// Everything one run reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Strategy.
+    pub strategy: String,
+    /// Seed offset.
+    pub seed: u64,
+    /// Nodes.
+    pub nodes: usize,
+    /// The target held-out loss.
+    pub target_loss: f32,
+    /// Best achievable loss of the data, when known.
+    pub floor: Option<f32>,
+    /// Virtual time to the target (interpolated between samples).
+    pub time_to_target_s: Option<f64>,
+    /// Samples processed by the swarm when the target was reached.
+    pub samples_to_target: Option<u64>,
+    /// Updates published when the target was reached.
+    pub updates_to_target: Option<u64>,
+    /// Held-out loss of the mean replica at the end.
+    pub final_loss: f32,
+    /// Held-out accuracy of the mean replica at the end.
+    pub final_accuracy: f32,
+    /// Best and worst held-out loss of a single replica at the end.
+    pub replica_loss_range: (f32, f32),
+    /// Virtual time at the end.
+    pub end_s: f64,
+    /// Samples processed in all.
+    pub samples_total: u64,
+    /// Updates published in all.
+    pub updates_total: u64,
+    /// Bytes sent by all nodes.
+    pub bytes_total: u64,
+    /// Mean bytes sent per node.
+    pub bytes_per_node_mean: f64,
+    /// Bytes sent per sample processed.
+    pub bytes_per_sample: f64,
+    /// Mean utilisation (busy / up) over nodes.
+    pub utilisation_mean: f64,
+    /// Lowest node utilisation.
+    pub utilisation_min: f64,
+    /// Applied updates by staleness (last bucket: 7+), all replicas.
+    pub staleness_histogram: [u64; 8],
+    /// Mean staleness.
+    pub mean_staleness: f64,
+    /// Largest relative replica distance at the last sample.
+    pub consensus_distance_final: f32,
+    /// Largest relative replica distance at any sample.
+    pub consensus_distance_max: f32,
+    /// Dropped updates by reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// Anchor averages by anti-entropy.
+    pub anchors_averaged: u64,
+    /// Messages lost in the network.
+    pub messages_lost: u64,
+    /// Compute available over the run (speed-seconds, straggler episodes removed).
+    pub aggregate_work: f64,
+    /// Events processed.
+    pub events: u64,
+    /// Per node.
+    pub per_node: Vec<NodeSummary>,
+}
+
+/// Linear interpolation of a counter at time `t` over the samples.
+pub fn counter_at(series: &[Sample], t: f64, f: impl Fn(&Sample) -> u64) -> Option<u64> {
+    let after = series.iter().position(|s| s.t >= t)?;
+    if after == 0 {
+        return Some(f(&series[0]));
+    }
+    let (a, b) = (&series[after - 1], &series[after]);
+    let w = if b.t > a.t { (t - a.t) / (b.t - a.t) } else { 1.0 };
+    Some((f(a) as f64 + w * (f(b) as f64 - f(a) as f64)).round() as u64)
+}
+
+/// Held-out loss when the swarm had processed `samples`, interpolated.
+pub fn loss_at_samples(series: &[Sample], samples: u64) -> Option<f32> {
+    let after = series.iter().position(|s| s.samples >= samples)?;
+    if after == 0 {
+        return Some(series[0].loss);
+    }
+    let (a, b) = (&series[after - 1], &series[after]);
+    let w = if b.samples > a.samples { (samples - a.samples) as f32 / (b.samples - a.samples) as f32 } else { 1.0 };
+    Some(a.loss + w * (b.loss - a.loss))
+}
+
+impl RunSummary {
+    /// Summarises a run.
+    pub fn new(scenario: &Scenario, out: &RunOutput) -> Self {
+        let last = out.series.last();
+        let samples_total: u64 = out.nodes.iter().map(|n| n.samples).sum();
+        let bytes_total: u64 = out.nodes.iter().map(|n| n.bytes_sent).sum();
+        let per_node: Vec<NodeSummary> = out
+            .nodes
+            .iter()
+            .map(|n| NodeSummary {
+                node: n.clone(),
+                utilisation: n.utilisation(),
+                update_rate: if n.alive_s > 0.0 { n.updates as f64 / n.alive_s } else { 0.0 },
+            })
+            .collect();
+        let alive: Vec<&NodeSummary> = per_node.iter().filter(|n| n.node.alive_s > 0.0).collect();
+        let range = out.replica_losses.iter().fold((f32::MAX, f32::MIN), |(lo, hi), l| (lo.min(*l), hi.max(*l)));
+        Self {
+            scenario: scenario.name.clone(),
+            strategy: out.strategy.name().into(),
+            seed: out.seed,
+            nodes: out.nodes.len(),
+            target_loss: scenario.target_loss,
+            floor: out.floor,
+            time_to_target_s: out.time_to_target_s,
+            samples_to_target: out.time_to_target_s.and_then(|t| counter_at(&out.series, t, |s| s.samples)),
+            updates_to_target: out.time_to_target_s.and_then(|t| counter_at(&out.series, t, |s| s.updates)),
+            final_loss: last.map_or(f32::NAN, |s| s.loss),
+            final_accuracy: last.map_or(f32::NAN, |s| s.accuracy),
+            replica_loss_range: if out.replica_losses.is_empty() { (f32::NAN, f32::NAN) } else { range },
+            end_s: out.end_s,
+            samples_total,
+            updates_total: out.nodes.iter().map(|n| n.updates).sum(),
+            bytes_total,
+            bytes_per_node_mean: bytes_total as f64 / out.nodes.len().max(1) as f64,
+            bytes_per_sample: bytes_total as f64 / samples_total.max(1) as f64,
+            utilisation_mean: alive.iter().map(|n| n.utilisation).sum::<f64>() / alive.len().max(1) as f64,
+            utilisation_min: alive.iter().map(|n| n.utilisation).fold(1.0, f64::min),
+            staleness_histogram: out.tally.staleness_histogram,
+            mean_staleness: out.tally.mean_staleness(),
+            consensus_distance_final: last.map_or(0.0, |s| s.consensus_max),
+            consensus_distance_max: out.series.iter().map(|s| s.consensus_max).fold(0.0, f32::max),
+            dropped: out.tally.dropped.clone(),
+            anchors_averaged: out.tally.anchors_averaged,
+            messages_lost: out.messages_lost,
+            aggregate_work: out.aggregate_work,
+            events: out.events,
+            per_node,
+        }
+    }
+}
+
+fn create(dir: &Path, name: &str) -> Result<std::io::BufWriter<std::fs::File>> {
+    let path = dir.join(name);
+    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    Ok(std::io::BufWriter::new(f))
+}
+
+/// Writes the CSV files of a set of runs into `dir`.
+pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
+    let mut ts = create(dir, "timeseries.csv")?;
+    writeln!(ts, "strategy,seed,t,loss,accuracy,samples,updates,consensus_max,consensus_mean,live,bytes")?;
+    let mut nodes = create(dir, "nodes.csv")?;
+    writeln!(nodes, "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples")?;
+    let mut layers = create(dir, "layers.csv")?;
+    writeln!(layers, "strategy,seed,t,layer,cosine_fast_slow,norm_fast,norm_slow")?;
+    let mut by_node = create(dir, "layer_norms_by_node.csv")?;
+    writeln!(by_node, "strategy,seed,node,speed,layer,mean_update_norm,updates")?;
+    for r in runs {
+        let s = r.strategy.name();
+        for x in &r.series {
+            writeln!(
+                ts,
+                "{s},{},{:.3},{:.6},{:.6},{},{},{:.3e},{:.3e},{},{}",
+                r.seed, x.t, x.loss, x.accuracy, x.samples, x.updates, x.consensus_max, x.consensus_mean, x.live, x.bytes
+            )?;
+        }
+        for n in &r.nodes {
+            let rate = if n.alive_s > 0.0 { n.updates as f64 / n.alive_s } else { 0.0 };
+            writeln!(
+                nodes,
+                "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{}",
+                r.seed, n.index, n.speed, n.group, n.utilisation(), n.busy_s, n.alive_s, n.bytes_sent, n.updates, rate, n.samples
+            )?;
+        }
+        for l in &r.layers.samples {
+            writeln!(layers, "{s},{},{:.3},{},{:.5},{:.4e},{:.4e}", r.seed, l.t, l.layer, l.cosine_fast_slow, l.norm_fast, l.norm_slow)?;
+        }
+        for (i, (norms, count)) in r.layers.per_node.iter().enumerate() {
+            for (layer, sum) in r.layers.names().iter().zip(norms) {
+                let mean = if *count > 0 { sum / *count as f64 } else { 0.0 };
+                writeln!(by_node, "{s},{},{i},{},{layer},{mean:.4e},{count}", r.seed, r.nodes[i].speed)?;
+            }
+        }
+    }
+    for mut w in [ts, nodes, layers, by_node] {
+        w.flush()?;
+    }
+    Ok(())
+}
+
+/// Formats a duration or "-".
+pub fn secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "not reached".into(), |s| format!("{s:.1}s"))
+}
+
+/// One line per run, for `run`.
+pub fn run_line(s: &RunSummary) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "{} on {}: target {} in {}, final loss {:.4} (replicas {:.4}..{:.4}), utilisation {:.1}% (min {:.1}%), \
+         {:.1} bytes/sample, mean staleness {:.2}, consensus distance {:.2e}",
+        s.strategy,
+        s.scenario,
+        s.target_loss,
+        secs(s.time_to_target_s),
+        s.final_loss,
+        s.replica_loss_range.0,
+        s.replica_loss_range.1,
+        100.0 * s.utilisation_mean,
+        100.0 * s.utilisation_min,
+        s.bytes_per_sample,
+        s.mean_staleness,
+        s.consensus_distance_final
+    );
+    out
+}
