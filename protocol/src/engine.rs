@@ -225,8 +225,8 @@ pub enum Input {
         announcement: UpdateAnnouncement,
         /// The peer it came from.
         from: NodeId,
-        /// The encoded payload.
-        payload: Vec<u8>,
+        /// The encoded payload (shared: a simulator hands one copy to many engines).
+        payload: Arc<Vec<u8>>,
     },
     /// Another peer says it holds a payload.
     PayloadSource {
@@ -240,7 +240,7 @@ pub enum Input {
         /// Which.
         id: UpdateId,
         /// The encoded payload.
-        bytes: Vec<u8>,
+        bytes: Arc<Vec<u8>>,
     },
     /// A fetch failed; with a reason when the payload itself was refused.
     FetchFailed {
@@ -359,6 +359,8 @@ pub struct Engine {
     membership: Membership,
     last_base_tick: Option<u64>,
     last_batch_tick: Option<u64>,
+    /// The newest batch key (tick or round) whose outer round is closed.
+    last_closed_key: Option<u64>,
     // Receive pipeline.
     awaiting: BTreeMap<UpdateId, Awaiting>,
     pending: Vec<Pending>,
@@ -417,6 +419,7 @@ impl Engine {
             membership,
             last_base_tick: None,
             last_batch_tick: None,
+            last_closed_key: None,
             awaiting: BTreeMap::new(),
             pending: Vec::new(),
             pending_ids: BTreeSet::new(),
@@ -439,9 +442,9 @@ impl Engine {
             Input::Start => self.on_start(now),
             Input::LocalPhaseDone(result) => self.on_local_phase_done(now, result),
             Input::Announcement { announcement, from } => self.on_announcement(now, announcement, from),
-            Input::Update { announcement, from, payload } => self.on_update(now, announcement, from, payload),
+            Input::Update { announcement, from, payload } => self.on_update(announcement, from, payload),
             Input::PayloadSource { id, from } => self.on_payload_source(id, from),
-            Input::Payload { id, bytes } => self.on_payload(now, id, bytes),
+            Input::Payload { id, bytes } => self.on_payload(id, bytes),
             Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),
             Input::Heartbeat(hb) => self.on_heartbeat(now, hb),
             Input::PeerDown(peer) => {
@@ -544,6 +547,16 @@ impl Engine {
         self.membership.my_speed()
     }
 
+    /// The tick period in use (tick mode, once the clock started).
+    pub fn tick_period(&self) -> Option<Micros> {
+        self.clock.as_ref().map(|c| c.period())
+    }
+
+    /// The tick containing `t` (tick mode, once the clock started).
+    pub fn tick_at(&self, t: Micros) -> Option<u64> {
+        self.clock.as_ref().map(|c| c.tick(t))
+    }
+
     /// Outer rounds completed.
     pub fn outer_rounds(&self) -> u64 {
         self.outer.outer_rounds
@@ -594,9 +607,10 @@ impl Engine {
         self.started_at = now;
         self.emit(Output::Record(RecordKind::Join { speed: self.membership.my_speed(), device: String::new() }));
         self.send_heartbeat(now, false);
-        // Let heartbeats of peers arrive before the first round sizes itself.
-        if matches!(self.cfg.schedule, Schedule::Tick { .. }) && self.clock.is_none() {
-            let until = now + Micros(self.cfg.membership.heartbeat_ms as u64 * 1000);
+        // Let heartbeats of peers arrive before the first round: tick mode
+        // sizes its period from their speeds, barrier mode waits for them.
+        if !matches!(self.cfg.schedule, Schedule::FreeRunning) {
+            let until = now + Micros(self.cfg.membership.startup_ms as u64 * 1000);
             self.startup_until = Some(until);
             self.wake_at = Some(until);
         }
@@ -623,6 +637,7 @@ impl Engine {
             first_round: self.first_round,
             applied_total: self.version.total(),
             leaving,
+            clock: self.clock.as_ref().map(|c| c.latest()),
         };
         self.emit(Output::SendHeartbeat(hb));
         self.next_heartbeat = now + Micros(self.cfg.membership.heartbeat_ms as u64 * 1000);
@@ -642,6 +657,22 @@ impl Engine {
         if self.membership.heard(hb.src, info) == membership::MembershipChange::Joined {
             self.event(EngineEvent::PeerJoined(hb.src));
         }
+        // Tick mode: follow the clock leader's stretch of the clock.
+        if let Some(seg) = hb.clock
+            && self.clock_leader() == hb.src
+        {
+            match self.clock.as_mut() {
+                Some(c) => {
+                    c.adopt(seg);
+                }
+                None => self.clock = Some(tick::TickClock::from_segment(seg)),
+            }
+        }
+    }
+
+    /// The node that decides the tick period: the live node with the smallest id.
+    fn clock_leader(&self) -> NodeId {
+        self.membership.peers().next().map_or(self.me, |(first, _)| (*first).min(self.me))
     }
 
     fn expire_peers(&mut self, now: Micros) {

@@ -228,7 +228,6 @@ mod tests {
         codec::{CodecKind, encode},
         identity::Keypair,
         ids::UpdateId,
-        version::VersionVector,
     };
 
     fn make(k: &Keypair, run: RunId, values: &[f32]) -> (Signed<UpdateAnnouncement>, Vec<u8>) {

@@ -97,6 +97,9 @@ pub struct Heartbeat {
     pub applied_total: u64,
     /// Leaving the swarm (clean shutdown).
     pub leaving: bool,
+    /// Its newest tick-clock stretch (tick mode): followers adopt the
+    /// clock leader's.
+    pub clock: Option<crate::engine::tick::ClockSegment>,
 }
 
 impl Signable for Heartbeat {
@@ -432,6 +435,7 @@ mod tests {
                     first_round: 0,
                     applied_total: 9,
                     leaving: false,
+                    clock: None,
                 },
                 &k,
             )),

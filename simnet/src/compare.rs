@@ -58,6 +58,10 @@ pub struct Comparison {
     pub ideal_time_s: Option<f64>,
     /// Samples per virtual second the swarm's hardware can process.
     pub aggregate_samples_per_s: f64,
+    /// ddp's learning-rate sweep: (rate, time to target, final loss) on seed 0.
+    pub ddp_sweep: Vec<(f32, Option<f64>, f32)>,
+    /// The rate ddp ran with (the sweep's best).
+    pub ddp_lr: Option<f32>,
     /// One row per strategy.
     pub rows: Vec<StrategyRow>,
     /// Every run.
@@ -69,18 +73,53 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
-/// Runs `strategies` × `seeds` on `scenario`.
+/// Runs `strategies` × `seeds` on `scenario`. ddp first sweeps its
+/// learning rate on seed 0 and keeps the best (fastest to target, else
+/// lowest final loss), so it is never compared untuned.
 pub fn compare(scenario: &Scenario, strategies: &[Strategy], seeds: u32, progress: bool) -> Result<(Comparison, Vec<RunOutput>)> {
     let mut outputs = Vec::new();
+    let mut sweep = Vec::new();
+    let mut ddp_lr = None;
     for &strategy in strategies {
-        for seed in 0..seeds as u64 {
+        let mut first_seed = 0;
+        if strategy == Strategy::Ddp {
+            let mut best: Option<(f32, RunOutput)> = None;
+            for lr in scenario.ddp_sweep() {
+                if progress {
+                    eprintln!("running ddp (lr {lr}) seed 0 on {}", scenario.name);
+                }
+                let o = run(scenario, &RunOptions { strategy, seed: 0, progress, ddp_lr: Some(lr) })?;
+                let final_loss = o.series.last().map_or(f32::NAN, |s| s.loss);
+                sweep.push((lr, o.time_to_target_s, final_loss));
+                let better = match &best {
+                    None => true,
+                    Some((_, b)) => match (o.time_to_target_s, b.time_to_target_s) {
+                        (Some(a), Some(c)) => a < c,
+                        (Some(_), None) => true,
+                        (None, Some(_)) => false,
+                        (None, None) => final_loss < b.series.last().map_or(f32::NAN, |s| s.loss),
+                    },
+                };
+                if better {
+                    best = Some((lr, o));
+                }
+            }
+            let (lr, o) = best.expect("the sweep has at least one rate");
+            ddp_lr = Some(lr);
+            outputs.push(o);
+            first_seed = 1;
+        }
+        for seed in first_seed..seeds as u64 {
             if progress {
                 eprintln!("running {} seed {seed} on {}", strategy.name(), scenario.name);
             }
-            outputs.push(run(scenario, &RunOptions { strategy, seed, progress })?);
+            outputs.push(run(scenario, &RunOptions { strategy, seed, progress, ddp_lr })?);
         }
     }
-    Ok((summarize(scenario, strategies, seeds, &outputs), outputs))
+    let mut c = summarize(scenario, strategies, seeds, &outputs);
+    c.ddp_sweep = sweep;
+    c.ddp_lr = ddp_lr;
+    Ok((c, outputs))
 }
 
 /// Builds the comparison from finished runs.
@@ -135,6 +174,8 @@ pub fn summarize(scenario: &Scenario, strategies: &[Strategy], seeds: u32, outpu
         seeds,
         ideal_time_s,
         aggregate_samples_per_s,
+        ddp_sweep: Vec::new(),
+        ddp_lr: None,
         rows,
         runs,
     }
@@ -155,6 +196,10 @@ pub fn table(c: &Comparison) -> String {
         c.seeds,
         secs(c.ideal_time_s)
     );
+    if let Some(lr) = c.ddp_lr {
+        let tried: Vec<String> = c.ddp_sweep.iter().map(|(lr, t, _)| format!("{lr} ({})", secs(*t))).collect();
+        let _ = writeln!(out, "ddp learning rate {lr}, best of {}", tried.join(", "));
+    }
     let _ = writeln!(
         out,
         "{:<20} {:>8} {:>12} {:>8} {:>8} {:>7} {:>12} {:>10} {:>10} {:>12} {:>9}",

@@ -70,7 +70,20 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
     })
 }
 
+/// candle asks for its thread count on every tensor operation and, unless
+/// `RAYON_NUM_THREADS` is set, reads /proc/cpuinfo each time (most of the
+/// time of a tiny model's step). Set it once, before any thread exists.
+#[allow(unsafe_code)]
+fn pin_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // SAFETY: called first thing in main, before any other thread is spawned.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+}
+
 fn main() -> Result<()> {
+    pin_thread_count();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
@@ -85,7 +98,7 @@ fn main() -> Result<()> {
         Command::Run { scenario, strategy, seed, out, json } => {
             let s = Scenario::load(&scenario)?;
             let wall = std::time::Instant::now();
-            let output = run(&s, &RunOptions { strategy, seed, progress: !json })?;
+            let output = run(&s, &RunOptions { strategy, seed, progress: !json, ddp_lr: None })?;
             let summary = RunSummary::new(&s, &output);
             if let Some(dir) = &out {
                 let c = summarize(&s, &[strategy], 1, std::slice::from_ref(&output));

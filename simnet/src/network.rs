@@ -70,6 +70,28 @@ impl Network {
         Some(done + self.latency_s)
     }
 
+    /// Sends the same `bytes` from `from` to each of `to` back to back
+    /// through the sender's uplink, as one wave: returns the receivers that
+    /// will get it (not partitioned off, not lost) and when the last copy
+    /// has arrived (a slight delay for the first receivers, in exchange for
+    /// one event per wave instead of one per receiver).
+    pub fn send_wave(&mut self, now: f64, from: usize, to: &[usize], bytes: usize) -> (Vec<usize>, f64) {
+        let total = bytes * to.len();
+        self.bytes_sent[from] += total as u64;
+        let start = now.max(self.uplink_free_at[from]);
+        let done = start + total as f64 / self.upload_bytes_per_s;
+        self.uplink_free_at[from] = done;
+        let mut reached = Vec::with_capacity(to.len());
+        for &t in to {
+            if !self.connected(from, t) || (self.loss > 0.0 && self.rng.bernoulli(self.loss)) {
+                self.lost += 1;
+            } else {
+                reached.push(t);
+            }
+        }
+        (reached, done + self.latency_s)
+    }
+
     /// The one-way latency.
     pub fn latency_s(&self) -> f64 {
         self.latency_s
@@ -94,5 +116,9 @@ mod tests {
         assert!(n.send(2.0, 0, 1, 10).is_some());
         assert_eq!(n.bytes_sent[0], 2020);
         assert_eq!(n.lost, 1);
+        n.partition(&[vec![0, 1], vec![2]]);
+        let (reached, at) = n.send_wave(3.0, 0, &[1, 2], 500);
+        assert_eq!(reached, vec![1]);
+        assert!((at - 3.011).abs() < 1e-9, "{at}");
     }
 }

@@ -163,6 +163,10 @@ pub struct Scenario {
     /// Nodes split into `shards` disjoint data shards (0: each its own stream).
     #[serde(default)]
     pub shards: u32,
+    /// ddp's learning rates to sweep in `compare` (empty: the inner rate
+    /// times 1/3, 1 and 3); the best is reported.
+    #[serde(default)]
+    pub ddp_lrs: Vec<f32>,
 }
 
 /// Why a scenario is unusable.
@@ -235,7 +239,7 @@ impl Scenario {
             return bad("late node index out of range".into());
         }
         for strategy in Strategy::ALL {
-            self.manifest(strategy).validate().map_err(|e| ScenarioError::Invalid(self.name.clone(), e.to_string()))?;
+            self.manifest(strategy, None).validate().map_err(|e| ScenarioError::Invalid(self.name.clone(), e.to_string()))?;
         }
         Ok(())
     }
@@ -246,8 +250,23 @@ impl Scenario {
         self.nodes.speeds.len() as u32 + tiers + self.nodes.lognormal.as_ref().map_or(0, |l| l.count)
     }
 
-    /// The manifest every node of a `strategy` run shares.
-    pub fn manifest(&self, strategy: Strategy) -> Manifest {
+    /// The ddp learning rates `compare` sweeps.
+    pub fn ddp_sweep(&self) -> Vec<f32> {
+        if self.ddp_lrs.is_empty() {
+            let lr = self.training.lr;
+            vec![lr / 3.0, lr, lr * 3.0]
+        } else {
+            self.ddp_lrs.clone()
+        }
+    }
+
+    /// The manifest every node of a `strategy` run shares. ddp's optimiser
+    /// runs at the inner learning rate unless `ddp_lr` says otherwise.
+    pub fn manifest(&self, strategy: Strategy, ddp_lr: Option<f32>) -> Manifest {
+        let mut engine = self.engine.apply(strategy);
+        if strategy == Strategy::Ddp {
+            engine.outer.eta = ddp_lr.unwrap_or(self.training.lr);
+        }
         Manifest {
             format: Manifest::FORMAT,
             name: self.name.clone(),
@@ -256,7 +275,7 @@ impl Scenario {
             model: self.model.clone(),
             data: self.data.clone(),
             training: TrainingSpec { target_loss: Some(self.target_loss), ..self.training },
-            engine: self.engine.apply(strategy),
+            engine,
             private: false,
         }
     }

@@ -44,6 +44,8 @@ const SIGNED_OVERHEAD: usize = 72;
 const HEARTBEAT_BYTES: usize = 120;
 /// Size of a fetch request.
 const REQUEST_BYTES: usize = 64;
+/// Published updates stay fetchable this long (virtual seconds).
+const STORE_RETAIN_S: f64 = 900.0;
 
 /// How a run is set up.
 #[derive(Clone, Debug)]
@@ -54,6 +56,8 @@ pub struct RunOptions {
     pub seed: u64,
     /// Show a progress bar on a terminal.
     pub progress: bool,
+    /// ddp's learning rate (default: the inner rate).
+    pub ddp_lr: Option<f32>,
 }
 
 /// What a published update is, kept for fetches.
@@ -63,7 +67,7 @@ struct Published {
     payload: Arc<Vec<u8>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Delivery {
     Update { id: UpdateId, from: NodeId },
     Announce { id: UpdateId, from: NodeId },
@@ -79,6 +83,7 @@ enum Ev {
     Timeout { node: usize, incarnation: u64, generation: u64 },
     PhaseDone { node: usize, incarnation: u64, result: Box<ragtag_protocol::engine::LocalResult>, delta: Vec<f32> },
     Deliver { node: usize, what: Delivery },
+    Wave { nodes: Vec<usize>, what: Delivery },
     Scenario(usize),
     Joined { node: usize, state: Box<ReplicaState> },
     Sample,
@@ -180,6 +185,7 @@ struct Sim<'a> {
     index_of: BTreeMap<NodeId, usize>,
     network: Network,
     store: BTreeMap<UpdateId, Published>,
+    store_order: std::collections::VecDeque<(f64, UpdateId)>,
     evaluator: Trainer,
     series: Vec<Sample>,
     tally: Tally,
@@ -204,7 +210,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput> {
         // Invariant: virtual time advances (no event storm at one instant).
         same_time = if item.at == last_at { same_time + 1 } else { 0 };
         last_at = item.at;
-        anyhow::ensure!(same_time < 10_000_000, "livelock: 10M events at t = {t}s");
+        anyhow::ensure!(same_time < 10_000_000, "livelock: 10M events at t = {t}s, the last {:?}", item.ev);
         sim.now = t;
         sim.events += 1;
         sim.dispatch(item.ev)?;
@@ -236,7 +242,7 @@ fn progress_bar(enabled: bool, duration_s: f64) -> Option<indicatif::ProgressBar
 impl<'a> Sim<'a> {
     fn new(scenario: &'a Scenario, opts: &RunOptions) -> Result<Self> {
         let seed = scenario.seed.wrapping_add(opts.seed);
-        let mut manifest = scenario.manifest(opts.strategy);
+        let mut manifest = scenario.manifest(opts.strategy, opts.ddp_lr);
         manifest.seed = seed;
         let run_id = manifest.run_id();
         let dataset = Arc::new(
@@ -291,6 +297,7 @@ impl<'a> Sim<'a> {
             nodes,
             index_of,
             store: BTreeMap::new(),
+            store_order: std::collections::VecDeque::new(),
             evaluator,
             series: Vec::new(),
             tally: Tally::default(),
@@ -313,12 +320,13 @@ impl<'a> Sim<'a> {
 
     fn start(&mut self) {
         let initial = self.evaluator.export_params().expect("parameters export");
-        for i in 0..self.nodes.len() {
-            if self.nodes[i].state == NodeState::Late {
-                continue;
-            }
+        // Everyone is up before anyone starts, so first heartbeats reach all.
+        let starting: Vec<usize> = (0..self.nodes.len()).filter(|i| self.nodes[*i].state != NodeState::Late).collect();
+        for &i in &starting {
             let engine = self.nodes[i].new_engine(&self.manifest, self.run_id, initial.clone(), self.scenario.step_cost_s);
             self.nodes[i].bring_up(engine, 0.0);
+        }
+        for &i in &starting {
             self.handle(i, Input::Start);
         }
         for (i, _) in self.scenario.events.iter().enumerate() {
@@ -338,6 +346,7 @@ impl<'a> Sim<'a> {
             Ev::Timeout { node, incarnation, generation } => {
                 let n = &mut self.nodes[node];
                 if n.incarnation == incarnation && n.timer_generation == generation {
+                    n.scheduled_timeout = None;
                     if let Some(e) = n.engine.as_mut() {
                         e.handle_timeout(Micros::from_secs_f64(self.now));
                     }
@@ -354,6 +363,11 @@ impl<'a> Sim<'a> {
                 self.handle(node, Input::LocalPhaseDone(*result));
             }
             Ev::Deliver { node, what } => self.deliver(node, what),
+            Ev::Wave { nodes, what } => {
+                for node in nodes {
+                    self.deliver(node, what.clone());
+                }
+            }
             Ev::Scenario(i) => self.scenario_event(i),
             Ev::Joined { node, state } => {
                 if self.nodes[node].state == NodeState::Joining {
@@ -394,12 +408,18 @@ impl<'a> Sim<'a> {
             let Some(out) = self.nodes[k].engine.as_mut().and_then(|e| e.poll_output()) else { break };
             self.act(k, out);
         }
+        // Reschedule only when the engine's next timeout changed: most
+        // inputs leave it as it was.
+        let now = Micros::from_secs_f64(self.now);
         let n = &mut self.nodes[k];
-        n.timer_generation += 1;
-        if let Some(t) = n.engine.as_ref().and_then(|e| e.poll_timeout()) {
-            let (incarnation, generation) = (n.incarnation, n.timer_generation);
-            let at = t.max(Micros::from_secs_f64(self.now));
-            self.push_at(at, Ev::Timeout { node: k, incarnation, generation });
+        let wanted = n.engine.as_ref().and_then(|e| e.poll_timeout()).map(|t| t.max(now));
+        if wanted != n.scheduled_timeout {
+            n.timer_generation += 1;
+            n.scheduled_timeout = wanted;
+            if let Some(at) = wanted {
+                let (incarnation, generation) = (n.incarnation, n.timer_generation);
+                self.push_at(at, Ev::Timeout { node: k, incarnation, generation });
+            }
         }
     }
 
@@ -436,17 +456,21 @@ impl<'a> Sim<'a> {
                 self.nodes[k].published += 1;
                 let id = p.announcement.id;
                 let ann_bytes = postcard::to_allocvec(&p.announcement).map_or(256, |v| v.len()) + SIGNED_OVERHEAD;
-                let inline = p.payload.len() <= INLINE_PAYLOAD_BYTES;
-                let wire_bytes = if inline { ann_bytes + p.payload.len() } else { ann_bytes };
+                let payload_len = p.payload.len();
                 self.store.insert(id, Published { announcement: p.announcement, payload: p.payload });
-                if id.round >= 64 {
-                    self.store.remove(&UpdateId { src: id.src, round: id.round - 64 });
+                self.store_order.push_back((self.now, id));
+                while self.store_order.front().is_some_and(|(t, _)| *t + STORE_RETAIN_S < self.now) {
+                    let (_, old) = self.store_order.pop_front().expect("checked");
+                    self.store.remove(&old);
                 }
-                for j in 0..self.nodes.len() {
-                    if j != k && self.live(j) {
-                        let what = if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
-                        self.send(k, j, wire_bytes, what);
-                    }
+                let receivers = self.others(k);
+                if self.manifest.engine.local == ragtag_protocol::engine::LocalMode::Gradient {
+                    self.all_reduce(k, id, ann_bytes + payload_len, &receivers);
+                } else {
+                    let inline = payload_len <= INLINE_PAYLOAD_BYTES;
+                    let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
+                    let what = if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
+                    self.broadcast(k, &receivers, wire_bytes, what);
                 }
             }
             Output::FetchPayload { id, from, .. } | Output::FetchAnnouncement { id, from } => {
@@ -478,12 +502,8 @@ impl<'a> Sim<'a> {
                 }
             }
             Output::SendHeartbeat(hb) => {
-                let hb = Arc::new(hb);
-                for j in 0..self.nodes.len() {
-                    if j != k && self.live(j) {
-                        self.send(k, j, HEARTBEAT_BYTES, Delivery::Heartbeat(hb.clone()));
-                    }
-                }
+                let receivers = self.others(k);
+                self.broadcast(k, &receivers, HEARTBEAT_BYTES, Delivery::Heartbeat(Arc::new(hb)));
             }
             Output::AntiEntropy { peer, digest } => {
                 if let Some(&j) = self.index_of.get(&peer) {
@@ -505,6 +525,37 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Live nodes other than `k`.
+    fn others(&self, k: usize) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|j| *j != k && self.live(*j)).collect()
+    }
+
+    /// Sends one message to many peers in waves through `k`'s uplink.
+    fn broadcast(&mut self, k: usize, receivers: &[usize], bytes: usize, what: Delivery) {
+        const WAVES: usize = 8;
+        let per_wave = receivers.len().div_ceil(WAVES).max(1);
+        for wave in receivers.chunks(per_wave) {
+            let (reached, at) = self.network.send_wave(self.now, k, wave, bytes);
+            if !reached.is_empty() {
+                self.push(at, Ev::Wave { nodes: reached, what: what.clone() });
+            }
+        }
+    }
+
+    /// ddp's gradient exchange, modelled generously as a bandwidth-optimal
+    /// all-reduce: the sender's uplink carries `2 (N-1)/N` gradients (not
+    /// one per peer) and every peer has it two latencies after the upload.
+    fn all_reduce(&mut self, k: usize, id: UpdateId, bytes: usize, receivers: &[usize]) {
+        let n = (receivers.len() + 1) as f64;
+        let share = (2.0 * (n - 1.0) / n * bytes as f64) as usize;
+        let Some(done) = self.network.send(self.now, k, k, share) else { return };
+        let from = self.nodes[k].id;
+        let reached: Vec<usize> = receivers.iter().copied().filter(|j| self.network.connected(k, *j)).collect();
+        if !reached.is_empty() {
+            self.push(done + self.network.latency_s(), Ev::Wave { nodes: reached, what: Delivery::Update { id, from } });
+        }
+    }
+
     fn count(&mut self, ev: EngineEvent) {
         match ev {
             EngineEvent::Applied { staleness, .. } => self.tally.staleness_histogram[(staleness as usize).min(7)] += 1,
@@ -521,7 +572,7 @@ impl<'a> Sim<'a> {
         }
         let input = match what {
             Delivery::Update { id, from } => match self.store.get(&id) {
-                Some(p) => Input::Update { announcement: p.announcement.clone(), from, payload: p.payload.as_ref().clone() },
+                Some(p) => Input::Update { announcement: p.announcement.clone(), from, payload: p.payload.clone() },
                 None => return,
             },
             Delivery::Announce { id, from } => match self.store.get(&id) {
@@ -529,7 +580,7 @@ impl<'a> Sim<'a> {
                 None => return,
             },
             Delivery::Payload { id } => match self.store.get(&id) {
-                Some(p) => Input::Payload { id, bytes: p.payload.as_ref().clone() },
+                Some(p) => Input::Payload { id, bytes: p.payload.clone() },
                 None => return,
             },
             Delivery::FetchFailed { id, from } => Input::FetchFailed { id, from, reason: None },

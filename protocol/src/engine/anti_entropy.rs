@@ -64,6 +64,7 @@ impl Engine {
             applied: self.applied.clone(),
             clock: self.clock.clone(),
             round: self.round,
+            last_closed_key: self.last_closed_key,
         }
     }
 

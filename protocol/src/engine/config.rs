@@ -59,6 +59,10 @@ impl std::fmt::Display for Strategy {
     }
 }
 
+/// Default adaptive-restart threshold of gopals: the momentum is dropped
+/// when a round's pseudo-gradient points against it (cosine below this).
+pub const RESTART_BELOW: f32 = -0.5;
+
 /// When a node starts its next round.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -187,6 +191,11 @@ pub struct OuterConfig {
     pub clip: f32,
     /// eta ramps linearly over this many outer rounds (0 = no warm-up).
     pub warmup_rounds: u32,
+    /// Reset the outer momentum when the cosine between a round's
+    /// pseudo-gradient and the momentum falls below this (adaptive restart;
+    /// delayed Nesterov only; `None` = off).
+    #[serde(default)]
+    pub restart_below: Option<f32>,
 }
 
 /// Pseudo-synchronisation: with probability p an inner step pulls the
@@ -217,6 +226,14 @@ pub struct MembershipConfig {
     pub peer_timeout_ms: u32,
     /// Most peers tracked (bounded table).
     pub max_peers: u32,
+    /// Wait after start before the first round, so peers' first heartbeats
+    /// arrive (barrier and tick modes).
+    #[serde(default = "default_startup_ms")]
+    pub startup_ms: u32,
+}
+
+fn default_startup_ms() -> u32 {
+    2_000
 }
 
 /// The whole engine configuration. It is part of the manifest, so every
@@ -265,6 +282,7 @@ impl EngineConfig {
             weight_decay: 0.0,
             clip: 0.0,
             warmup_rounds: 10,
+            restart_below: None,
         };
         let base = EngineConfig {
             strategy,
@@ -285,7 +303,7 @@ impl EngineConfig {
             codec: CodecKind::Int8 { block: 256 },
             error_feedback: true,
             canonical_batches: true,
-            membership: MembershipConfig { heartbeat_ms: 2_000, peer_timeout_ms: 15_000, max_peers: 4_096 },
+            membership: MembershipConfig { heartbeat_ms: 2_000, peer_timeout_ms: 15_000, max_peers: 4_096, startup_ms: 2_000 },
         };
         let no_staleness = StalenessConfig {
             measure: StalenessMeasure::Sender,
@@ -294,7 +312,7 @@ impl EngineConfig {
             tau_max: u32::MAX,
         };
         match strategy {
-            Strategy::Gopals => base,
+            Strategy::Gopals => EngineConfig { outer: OuterConfig { restart_below: Some(RESTART_BELOW), ..delayed }, ..base },
             Strategy::GopalsAsync => EngineConfig {
                 schedule: Schedule::FreeRunning,
                 staleness: StalenessConfig {
@@ -336,6 +354,7 @@ impl EngineConfig {
                     weight_decay: 0.1,
                     clip: 1.0,
                     warmup_rounds: 0,
+                    restart_below: None,
                 },
                 anti_entropy: AntiEntropyConfig { every_rounds: 0, distance_threshold: 1e-3 },
                 codec: CodecKind::F32,
@@ -393,6 +412,9 @@ pub struct EngineOverrides {
     pub beta: Option<f32>,
     /// Outer warm-up rounds.
     pub warmup_rounds: Option<u32>,
+    /// Adaptive momentum restart threshold (cosine); a negative value
+    /// below -1 turns it off.
+    pub restart_below: Option<f32>,
     /// Outer optimiser.
     pub outer: Option<OuterKind>,
     /// Payload codec.
@@ -423,6 +445,8 @@ pub struct EngineOverrides {
     pub heartbeat_ms: Option<u32>,
     /// Silence before a peer leaves the live set.
     pub peer_timeout_ms: Option<u32>,
+    /// Wait before the first round.
+    pub startup_ms: Option<u32>,
     /// Canonical batches on or off.
     pub canonical_batches: Option<bool>,
 }
@@ -457,6 +481,9 @@ impl EngineOverrides {
             }
             if let Some(v) = self.warmup_rounds {
                 c.outer.warmup_rounds = v;
+            }
+            if let Some(v) = self.restart_below {
+                c.outer.restart_below = (v >= -1.0).then_some(v);
             }
         }
         c.h_min = c.h_min.min(c.h);
@@ -493,6 +520,9 @@ impl EngineOverrides {
         }
         if let Some(v) = self.peer_timeout_ms {
             c.membership.peer_timeout_ms = v;
+        }
+        if let Some(v) = self.startup_ms {
+            c.membership.startup_ms = v;
         }
         if let Some(v) = self.canonical_batches {
             c.canonical_batches = v;

@@ -29,6 +29,8 @@ pub struct Membership {
     by_last_seen: BTreeSet<(Micros, NodeId)>,
     timeout: Micros,
     max_peers: usize,
+    /// v_ref, recomputed only after a speed changed.
+    reference: std::cell::Cell<Option<f32>>,
 }
 
 /// What changed after an update to the table.
@@ -45,7 +47,15 @@ pub enum MembershipChange {
 impl Membership {
     /// A table holding only us.
     pub fn new(me: NodeId, my_speed: f32, timeout: Micros, max_peers: usize) -> Self {
-        Self { me, my_speed, peers: BTreeMap::new(), by_last_seen: BTreeSet::new(), timeout, max_peers }
+        Self {
+            me,
+            my_speed,
+            peers: BTreeMap::new(),
+            by_last_seen: BTreeSet::new(),
+            timeout,
+            max_peers,
+            reference: std::cell::Cell::new(None),
+        }
     }
 
     /// Our own id.
@@ -56,6 +66,7 @@ impl Membership {
     /// Sets our own speed estimate.
     pub fn set_my_speed(&mut self, speed: f32) {
         self.my_speed = speed;
+        self.reference.set(None);
     }
 
     /// Our own speed estimate.
@@ -70,6 +81,9 @@ impl Membership {
         }
         if let Some(p) = self.peers.get_mut(&peer) {
             self.by_last_seen.remove(&(p.last_seen, peer));
+            if p.speed != info.speed {
+                self.reference.set(None);
+            }
             p.speed = info.speed;
             p.last_seen = p.last_seen.max(info.last_seen);
             p.round = p.round.max(info.round);
@@ -82,6 +96,7 @@ impl Membership {
         }
         self.by_last_seen.insert((info.last_seen, peer));
         self.peers.insert(peer, info);
+        self.reference.set(None);
         MembershipChange::Joined
     }
 
@@ -90,6 +105,7 @@ impl Membership {
         match self.peers.remove(peer) {
             Some(p) => {
                 self.by_last_seen.remove(&(p.last_seen, *peer));
+                self.reference.set(None);
                 true
             }
             None => false,
@@ -105,6 +121,7 @@ impl Membership {
             }
             self.by_last_seen.pop_first();
             self.peers.remove(&id);
+            self.reference.set(None);
             dead.push(id);
         }
         dead
@@ -135,8 +152,18 @@ impl Membership {
         self.peers.iter()
     }
 
-    /// v_ref: the 90th percentile of live speeds, us included (nearest rank).
+    /// v_ref: the 90th percentile of live speeds, us included (nearest
+    /// rank). Cached until a speed or the live set changes.
     pub fn reference_speed(&self) -> f32 {
+        if let Some(v) = self.reference.get() {
+            return v;
+        }
+        let v = self.compute_reference_speed();
+        self.reference.set(Some(v));
+        v
+    }
+
+    fn compute_reference_speed(&self) -> f32 {
         let mut speeds: Vec<f32> = self.peers.values().map(|p| p.speed).filter(|s| s.is_finite() && *s > 0.0).collect();
         speeds.push(self.my_speed);
         speeds.sort_by(f32::total_cmp);

@@ -21,13 +21,16 @@ pub struct OuterState {
     pub count: u32,
     /// Completed outer rounds (groups of N arrivals).
     pub outer_rounds: u64,
+    /// Momentum restarts.
+    #[serde(default)]
+    pub restarts: u64,
 }
 
 impl OuterState {
     /// Zero state for `n` parameters.
     pub fn new(kind: OuterKind, n: usize) -> Self {
         let (m, b, v) = Self::lengths(kind, n);
-        Self { momentum: vec![0.0; m], buffer: vec![0.0; b], second_moment: vec![0.0; v], count: 0, outer_rounds: 0 }
+        Self { momentum: vec![0.0; m], buffer: vec![0.0; b], second_moment: vec![0.0; v], count: 0, outer_rounds: 0, restarts: 0 }
     }
 
     /// Lengths of (momentum, buffer, second moment) that `kind` needs.
@@ -138,6 +141,22 @@ impl OuterState {
                 let beta = cfg.beta;
                 let eb = eta * beta;
                 let inv = 1.0 / n.max(1) as f32;
+                if let Some(threshold) = cfg.restart_below {
+                    // Gradient-based adaptive restart (O'Donoghue & Candes):
+                    // a round's pseudo-gradient that opposes the momentum
+                    // (cosine below the threshold) means the momentum is
+                    // overshooting: drop it.
+                    let (mut dot, mut nb, mut nm) = (0.0f64, 0.0f64, 0.0f64);
+                    for (b, m) in self.buffer.iter().zip(&self.momentum) {
+                        dot += (*b as f64) * (*m as f64);
+                        nb += (*b as f64).powi(2);
+                        nm += (*m as f64).powi(2);
+                    }
+                    if nb > 0.0 && nm > 0.0 && dot / (nb.sqrt() * nm.sqrt()) < threshold as f64 {
+                        self.momentum.iter_mut().for_each(|m| *m = 0.0);
+                        self.restarts += 1;
+                    }
+                }
                 for ((xi, mi), bi) in x.iter_mut().zip(self.momentum.iter_mut()).zip(self.buffer.iter_mut()) {
                     *mi = beta * *mi + *bi * inv;
                     *xi -= eb * *mi;
@@ -200,7 +219,7 @@ mod tests {
     }
 
     fn cfg(kind: OuterKind) -> OuterConfig {
-        OuterConfig { kind, eta: 0.7, beta: 0.9, beta2: 0.95, weight_decay: 0.0, clip: 0.0, warmup_rounds: 0 }
+        OuterConfig { kind, eta: 0.7, beta: 0.9, beta2: 0.95, weight_decay: 0.0, clip: 0.0, warmup_rounds: 0, restart_below: None }
     }
 
     /// With no staleness and fixed membership, N arrivals under delayed
@@ -257,6 +276,24 @@ mod tests {
         assert!(st.apply(&a, &mut x, &p, 1.0, 2));
         // The first Adam step moves each coordinate by ~lr against the gradient sign.
         assert!((x[0] + 0.1).abs() < 1e-4 && (x[1] - 0.1).abs() < 1e-4, "{x:?}");
+    }
+
+    #[test]
+    fn restart_drops_momentum_that_opposes_the_new_round() {
+        let c = OuterConfig { restart_below: Some(0.0), ..cfg(OuterKind::DelayedNesterov) };
+        let mut x = vec![0.0f32; 2];
+        let mut st = OuterState::new(OuterKind::DelayedNesterov, 2);
+        let push = |st: &mut OuterState, x: &mut Vec<f32>, g: [f32; 2]| {
+            let b = payload_bytes(&g);
+            st.apply(&c, x, &Payload::parse(CodecKind::F32, 2, &b).unwrap(), 1.0, 1);
+        };
+        push(&mut st, &mut x, [1.0, 1.0]);
+        push(&mut st, &mut x, [1.0, 0.5]);
+        assert_eq!(st.restarts, 0);
+        push(&mut st, &mut x, [-1.0, -1.0]);
+        assert_eq!(st.restarts, 1);
+        // After the restart the momentum is exactly this round's pseudo-gradient.
+        assert_eq!(st.momentum, vec![-1.0, -1.0]);
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl Engine {
 
     /// An announcement that arrived with its (validated) payload inline:
     /// small models' updates fit in one gossip message.
-    pub(super) fn on_update(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId, bytes: Vec<u8>) {
+    pub(super) fn on_update(&mut self, a: UpdateAnnouncement, from: NodeId, bytes: Arc<Vec<u8>>) {
         if !self.admit(&a, from) {
             return;
         }
@@ -92,7 +92,7 @@ impl Engine {
             self.drop_update(&a, RejectReason::ShapeMismatch, true);
             return;
         }
-        self.accept_payload(now, a, Arc::new(bytes));
+        self.accept_payload(a, bytes);
     }
 
     pub(super) fn on_payload_source(&mut self, id: UpdateId, from: NodeId) {
@@ -140,7 +140,7 @@ impl Engine {
         }
     }
 
-    pub(super) fn on_payload(&mut self, now: Micros, id: UpdateId, bytes: Vec<u8>) {
+    pub(super) fn on_payload(&mut self, id: UpdateId, bytes: Arc<Vec<u8>>) {
         let Some(w) = self.awaiting.remove(&id) else {
             return;
         };
@@ -149,12 +149,12 @@ impl Engine {
             self.drop_update(&a, RejectReason::ShapeMismatch, true);
             return;
         }
-        self.accept_payload(now, a, Arc::new(bytes));
+        self.accept_payload(a, bytes);
     }
 
     /// A structurally valid update: apply it now, or queue it for the next
     /// canonical batch.
-    pub(super) fn accept_payload(&mut self, now: Micros, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
+    pub(super) fn accept_payload(&mut self, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             self.tick_arrivals.entry(a.base_tick).or_default().insert(a.id.src);
             self.note_contribution(a.id.src, a.base_tick);
@@ -165,32 +165,68 @@ impl Engine {
         }
         if self.cfg.canonical_batches {
             if self.pending.len() >= MAX_PENDING {
-                self.apply_pending(now);
+                self.apply_pending(None);
             }
             self.pending_ids.insert(a.id);
             self.pending.push(Pending { announcement: a, bytes });
         } else {
-            self.apply_one(&a, &bytes);
+            self.apply_one(&a, &bytes, None);
         }
     }
 
-    /// Applies queued updates in canonical order (tick, source, round), so
-    /// replicas given the same set end bit-identical whatever the arrival order.
-    pub(super) fn apply_pending(&mut self, _now: Micros) {
+    /// The batch an update belongs to: its base tick (tick mode) or its
+    /// round (barrier mode); free-running modes have one batch.
+    fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
+        match self.cfg.schedule {
+            Schedule::Tick { .. } => a.base_tick,
+            Schedule::Barrier => a.id.round,
+            Schedule::FreeRunning => 0,
+        }
+    }
+
+    /// Applies the queued updates of batches before `upto` (all when
+    /// `None`) in canonical order (batch, source, round), so replicas given
+    /// the same batches end bit-identical whatever the arrival order; then
+    /// closes one outer round. Updates of later batches (a fast peer's next
+    /// round) stay queued.
+    pub(super) fn apply_pending(&mut self, upto: Option<u64>) {
         if self.pending.is_empty() {
             return;
         }
-        let mut batch = std::mem::take(&mut self.pending);
-        self.pending_ids.clear();
-        batch.sort_by(|x, y| {
-            (x.announcement.base_tick, x.announcement.id).cmp(&(y.announcement.base_tick, y.announcement.id))
-        });
-        for p in &batch {
-            self.apply_one(&p.announcement, &p.bytes);
+        let (mut batch, later): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| upto.is_none_or(|u| self.batch_key(&p.announcement) < u));
+        self.pending = later;
+        self.pending_ids = self.pending.iter().map(|p| p.announcement.id).collect();
+        if batch.is_empty() {
+            return;
         }
-        // One outer round per batch: replicas given the same batches close
-        // rounds at the same points, whatever joined, left or straggled.
-        let n = self.membership.live_count() as u32;
+        batch.sort_by_key(|p| (self.batch_key(&p.announcement), p.announcement.id));
+        // One outer round per batch key (tick or round): replicas close
+        // rounds at the same points whether they absorb one tick at a time
+        // or several at once. A late update (its key already closed here) is
+        // folded into the next open key, so every replica closes the same
+        // number of rounds whatever arrived late.
+        let first_open = self.last_closed_key.map_or(0, |c| c + 1);
+        let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
+        let mut start = 0;
+        while start < batch.len() {
+            let key = keys[start];
+            let end = start + keys[start..].iter().take_while(|k| **k == key).count();
+            // N of this outer round: the updates in its group. Replicas with
+            // the same batches agree on it even while their views of the
+            // membership differ (joins, silent crashes not yet timed out).
+            let n = (end - start) as u32;
+            for p in &batch[start..end] {
+                self.apply_one(&p.announcement, &p.bytes, Some(n));
+            }
+            self.close_outer_round(n);
+            self.last_closed_key = Some(key);
+            start = end;
+        }
+    }
+
+    fn close_outer_round(&mut self, n: u32) {
         let anchor = Arc::make_mut(&mut self.anchor);
         if self.outer.close_round(&self.cfg.outer, anchor, n) {
             let outer_rounds = self.outer.outer_rounds;
@@ -198,7 +234,9 @@ impl Engine {
         }
     }
 
-    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8]) {
+    /// Applies one update; `group` is the size of its canonical batch group
+    /// (`None` on arrival: the live node count stands in for N).
+    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8], group: Option<u32>) {
         if self.applied.contains(&a.id) {
             return;
         }
@@ -207,8 +245,8 @@ impl Engine {
             self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
             return;
         }
-        let n = self.membership.live_count();
-        let w = staleness_weight(&self.cfg.staleness, tau, n);
+        let n = group.map_or(self.membership.live_count(), |g| g as usize);
+        let w = staleness_weight(&self.cfg.staleness, tau, self.membership.live_count());
         let payload = Payload::parse(a.codec, self.anchor.len(), bytes).expect("checked on arrival");
         let anchor = Arc::make_mut(&mut self.anchor);
         let closed = if self.cfg.canonical_batches {

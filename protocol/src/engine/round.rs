@@ -51,7 +51,7 @@ impl Engine {
         }
     }
 
-    fn tick_period(&self, period_ms: Option<u32>) -> Micros {
+    fn wanted_tick_period(&self, period_ms: Option<u32>) -> Micros {
         match period_ms {
             Some(ms) => Micros(ms as u64 * 1000),
             None => {
@@ -64,9 +64,10 @@ impl Engine {
     /// Tick mode: the steps of a round starting now, or `None` after
     /// setting when to look again.
     fn tick_round_steps(&mut self, now: Micros, grace: f32, margin: f32, period_ms: Option<u32>) -> Option<u32> {
-        let period = self.tick_period(period_ms);
-        let clock = self.clock.get_or_insert_with(|| TickClock::new(self.t0, period));
-        clock.propose_period(now, period);
+        if self.clock.is_none() {
+            self.clock = Some(TickClock::new(self.t0, self.wanted_tick_period(period_ms)));
+        }
+        let clock = self.clock.as_ref().expect("set above");
         let k = clock.tick(now);
         let (this_tick, next, period) = (clock.boundary(k), clock.boundary(k + 1), clock.period());
         if self.last_base_tick.is_some_and(|last| last >= k) {
@@ -87,11 +88,20 @@ impl Engine {
                 (usable * self.membership.my_speed() as f64).floor() as u32
             }
         };
+        // The period follows v_ref; the clock leader decides, a change takes
+        // effect at a later tick boundary, and followers adopt it from the
+        // leader's heartbeats.
+        if self.clock_leader() == self.me {
+            let proposed = self.wanted_tick_period(period_ms);
+            if let Some(c) = self.clock.as_mut() {
+                c.propose_period(now, proposed);
+            }
+        }
         if steps < self.cfg.h_min {
             // Too little of this tick left to train: still absorb the last
             // tick's updates (once), so this replica keeps up while it waits.
             if self.last_batch_tick != Some(k) {
-                self.apply_pending(now);
+                self.apply_pending(Some(k));
                 self.last_batch_tick = Some(k);
             }
             self.wake_at = Some(next);
@@ -128,8 +138,13 @@ impl Engine {
     }
 
     fn start_round(&mut self, now: Micros, steps: u32) {
-        self.apply_pending(now);
         let base_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
+        let upto = match self.cfg.schedule {
+            Schedule::Tick { .. } => Some(base_tick),
+            Schedule::Barrier => Some(self.round),
+            Schedule::FreeRunning => None,
+        };
+        self.apply_pending(upto);
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             self.last_base_tick = Some(base_tick);
             self.last_batch_tick = Some(base_tick);
@@ -222,7 +237,7 @@ impl Engine {
         self.round += 1;
         self.phase = Phase::Waiting;
         // Our own update goes through the same receive rule as everyone's.
-        self.accept_payload(now, announcement, payload);
+        self.accept_payload(announcement, payload);
     }
 
     /// Speed EMA that reacts fast to slowdowns and slowly to speed-ups.

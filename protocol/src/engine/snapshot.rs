@@ -26,6 +26,9 @@ pub struct ReplicaState {
     pub clock: Option<TickClock>,
     /// The serving node's current round (the global round in barrier mode).
     pub round: u64,
+    /// The newest batch key whose outer round is closed.
+    #[serde(default)]
+    pub last_closed_key: Option<u64>,
 }
 
 /// Why a replica state was refused.
@@ -149,6 +152,7 @@ impl Engine {
         self.version = state.version;
         self.applied = state.applied;
         self.clock = state.clock;
+        self.last_closed_key = state.last_closed_key;
         self.phase = Phase::Created;
     }
 }

@@ -168,7 +168,7 @@ impl Harness {
                     }
                 }
                 Output::FetchPayload { id, .. } => {
-                    let bytes = self.payloads[&id].clone();
+                    let bytes = Arc::new(self.payloads[&id].clone());
                     self.push(now + lat, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
                 }
                 Output::FetchAnnouncement { id, from } => {
@@ -379,7 +379,7 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     // The same announcement again while fetching: no second fetch.
     e.handle(Micros(2), Input::Announcement { announcement: ann(0, 0), from: k1 });
     assert!(!std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchPayload { .. })));
-    e.handle(Micros(3), Input::Payload { id: UpdateId { src: k1, round: 0 }, bytes: bytes.clone() });
+    e.handle(Micros(3), Input::Payload { id: UpdateId { src: k1, round: 0 }, bytes: Arc::new(bytes.clone()) });
     assert!(e.has_applied(&UpdateId { src: k1, round: 0 }));
     assert_eq!(e.version().get(&k1), 1);
     // Replayed after application: dropped as a replay, nothing applied.
@@ -408,20 +408,22 @@ fn engine_after(cfg: EngineConfig, order: &[usize], updates: &[(UpdateAnnounceme
     for (t, &i) in order.iter().enumerate() {
         let (a, b) = &updates[i];
         e.handle(Micros(t as u64 + 1), Input::Announcement { announcement: a.clone(), from: a.id.src });
-        e.handle(Micros(t as u64 + 1), Input::Payload { id: a.id, bytes: b.clone() });
+        e.handle(Micros(t as u64 + 1), Input::Payload { id: a.id, bytes: Arc::new(b.clone()) });
     }
     // Flush the canonical batch as a round start would.
-    e.apply_pending(Micros(1000));
+    e.apply_pending(None);
     while e.poll_output().is_some() {}
     e
 }
 
+/// Pseudo-gradient-like updates: a shared direction plus 20% noise.
 fn random_updates(cfg: &EngineConfig, n: usize, seed: u64) -> Vec<(UpdateAnnouncement, Vec<u8>)> {
     let mut r = crate::rng::SeededRng::new(seed);
+    let direction: Vec<f32> = (0..DIM).map(|_| r.normal() as f32).collect();
     (0..n)
         .map(|i| {
             let src = Keypair::deterministic(seed, 1 + (i % 3) as u64).node_id();
-            let g: Vec<f32> = (0..DIM).map(|_| r.normal() as f32).collect();
+            let g: Vec<f32> = direction.iter().map(|d| d * 0.1 + 0.02 * r.normal() as f32).collect();
             let mut bytes = Vec::new();
             crate::codec::encode(cfg.codec, &g, &mut bytes);
             let a = UpdateAnnouncement {
@@ -464,7 +466,7 @@ fn different_arrival_orders_end_identical_in_deterministic_mode_and_close_otherw
     let b = engine_after(on_arrival, &backward, &updates);
     let dist: f32 = a.anchor().iter().zip(b.anchor()).map(|(x, y)| (x - y).powi(2)).sum::<f32>().sqrt();
     let norm: f32 = a.anchor().iter().map(|x| x * x).sum::<f32>().sqrt();
-    assert!(dist / norm < 0.5, "relative distance {}", dist / norm);
+    assert!(dist / norm < 0.05, "relative distance {}", dist / norm);
 }
 
 fn max_pairwise_distance(h: &Harness) -> f32 {
@@ -549,12 +551,12 @@ proptest! {
             let from = Keypair::deterministic(21, 1 + peer as u64).node_id();
             let input = match op {
                 0 => Input::Announcement { announcement: a.clone(), from },
-                1 => Input::Payload { id: a.id, bytes: b.clone() },
+                1 => Input::Payload { id: a.id, bytes: Arc::new(b.clone()) },
                 2 => Input::FetchFailed { id: a.id, from, reason: None },
                 3 => Input::PayloadSource { id: a.id, from },
                 4 => Input::Heartbeat(Heartbeat {
                     run_id: a.run_id, src: from, seq: t as u64, speed: 1.0 + peer as f32,
-                    round: 0, first_round: 0, applied_total: 0, leaving: peer == 2,
+                    round: 0, first_round: 0, applied_total: 0, leaving: peer == 2, clock: None,
                 }),
                 _ => Input::PeerDown(from),
             };
@@ -573,3 +575,4 @@ proptest! {
         }
     }
 }
+

@@ -2,8 +2,10 @@
 //!
 //! The period follows `H / v_ref`; it changes only at tick numbers that are
 //! multiples of [`RESCALE_EVERY`] and only when v_ref moved by more than
-//! [`RESCALE_THRESHOLD`], so nodes that see the same speeds agree on every
-//! boundary, and tick numbers never go backwards.
+//! [`RESCALE_THRESHOLD`]. One node decides (the clock leader, the live node
+//! with the smallest id); its latest [`ClockSegment`] travels in heartbeats
+//! and everyone adopts it, so all nodes agree on every boundary even when
+//! their views of the speeds differ. Tick numbers never go backwards.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,16 +14,23 @@ use crate::time::Micros;
 /// Tick numbers at which the period may change.
 pub const RESCALE_EVERY: u64 = 8;
 /// Relative change of the period that triggers a rescale.
-pub const RESCALE_THRESHOLD: f64 = 0.10;
+pub const RESCALE_THRESHOLD: f64 = 0.25;
 /// Segments kept (older ones are never needed: rounds last about one tick).
 const MAX_SEGMENTS: usize = 4;
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-struct Segment {
-    start: Micros,
-    first_tick: u64,
-    period: Micros,
+/// One stretch of the clock: from `start`, ticks of `period`, numbered from
+/// `first_tick`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSegment {
+    /// When the stretch begins.
+    pub start: Micros,
+    /// The number of its first tick.
+    pub first_tick: u64,
+    /// Its tick period.
+    pub period: Micros,
 }
+
+type Segment = ClockSegment;
 
 /// Tick numbering over a period that may change over time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,6 +42,11 @@ impl TickClock {
     /// Ticks of `period` counted from `t0`.
     pub fn new(t0: Micros, period: Micros) -> Self {
         Self { segments: vec![Segment { start: t0, first_tick: 0, period: Micros(period.0.max(1)) }] }
+    }
+
+    /// A clock that starts with a leader's stretch.
+    pub fn from_segment(seg: ClockSegment) -> Self {
+        Self { segments: vec![ClockSegment { period: Micros(seg.period.0.max(1)), ..seg }] }
     }
 
     fn segment_at(&self, t: Micros) -> &Segment {
@@ -54,6 +68,25 @@ impl TickClock {
     /// The current period.
     pub fn period(&self) -> Micros {
         self.segments.last().expect("at least one segment").period
+    }
+
+    /// The newest stretch (what the clock leader advertises).
+    pub fn latest(&self) -> ClockSegment {
+        *self.segments.last().expect("at least one segment")
+    }
+
+    /// Adopts the leader's newest stretch, replacing ours from its start on.
+    /// Returns whether anything changed.
+    pub fn adopt(&mut self, seg: ClockSegment) -> bool {
+        if seg.period.0 == 0 || self.segments.contains(&seg) {
+            return false;
+        }
+        self.segments.retain(|s| s.start < seg.start && s.first_tick < seg.first_tick);
+        self.segments.push(seg);
+        if self.segments.len() > MAX_SEGMENTS {
+            self.segments.remove(0);
+        }
+        true
     }
 
     /// Proposes a new period at time `now`: adopted from the next tick that
@@ -115,5 +148,19 @@ mod tests {
             assert!(k >= last);
             last = k;
         }
+    }
+
+    #[test]
+    fn followers_adopt_the_leaders_stretch() {
+        let mut leader = TickClock::new(Micros(0), Micros(100));
+        let mut follower = TickClock::new(Micros(0), Micros(103));
+        leader.propose_period(Micros(250), Micros(200));
+        assert!(follower.adopt(leader.latest()));
+        assert!(!follower.adopt(leader.latest()), "adopting twice changes nothing");
+        for t in (800..3_000).step_by(13) {
+            assert_eq!(follower.tick(Micros(t)), leader.tick(Micros(t)));
+        }
+        // The follower's own first stretch stays for the past.
+        assert_eq!(follower.tick(Micros(103)), 1);
     }
 }

@@ -36,6 +36,7 @@ pub(super) struct SimNode {
     pub(super) trainer: Trainer,
     pub(super) incarnation: u64,
     pub(super) timer_generation: u64,
+    pub(super) scheduled_timeout: Option<Micros>,
     pub(super) busy_s: f64,
     pub(super) alive_s: f64,
     pub(super) published: u64,
@@ -57,6 +58,7 @@ impl SimNode {
             trainer,
             incarnation: 0,
             timer_generation: 0,
+            scheduled_timeout: None,
             busy_s: 0.0,
             alive_s: 0.0,
             published: 0,
@@ -84,6 +86,7 @@ impl SimNode {
 
     pub(super) fn bring_up(&mut self, engine: Engine, now: f64) {
         self.engine = Some(engine);
+        self.scheduled_timeout = None;
         self.state = NodeState::Up;
         self.up_since = now;
     }

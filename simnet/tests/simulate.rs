@@ -1,0 +1,97 @@
+//! Simulator tests: determinism, closed-form throughput, every built-in
+//! scenario runs, and reports are written.
+
+use ragtag_protocol::engine::Strategy;
+use ragtag_simnet::{
+    compare::{compare, write_all},
+    report::RunSummary,
+    scenario::{BUILTIN, Scenario},
+    sim::{RunOptions, run},
+};
+
+fn opts(strategy: Strategy) -> RunOptions {
+    RunOptions { strategy, seed: 0, progress: false, ddp_lr: None }
+}
+
+#[test]
+fn same_scenario_and_seed_give_a_byte_identical_summary() {
+    let mut s = Scenario::load("hetero-4x").unwrap();
+    s.duration_s = 15.0;
+    let a = RunSummary::new(&s, &run(&s, &opts(Strategy::Gopals)).unwrap());
+    let b = RunSummary::new(&s, &run(&s, &opts(Strategy::Gopals)).unwrap());
+    let (ja, jb) = (serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap());
+    assert_eq!(ja, jb);
+    assert!(a.updates_total > 0);
+}
+
+/// A free network and one inner step per round, step times 1, 1, 1 and 4 s.
+fn closed_form_scenario() -> Scenario {
+    let mut s = Scenario::load("hetero-4x").unwrap();
+    s.nodes.speeds = vec![1.0, 1.0, 1.0, 0.25];
+    s.step_cost_s = 1.0;
+    s.duration_s = 240.0;
+    s.sample_every_s = 20.0;
+    s.target_loss = 0.0;
+    s.network.latency_ms = 0.0;
+    s.network.upload_mbit = 1e9;
+    s.engine.h = Some(1);
+    s.engine.h_min = Some(1);
+    s.engine.work = Some(ragtag_protocol::engine::Work::Fixed);
+    s
+}
+
+/// Inner steps per virtual second between the first and last samples.
+fn steps_per_s(s: &Scenario, strategy: Strategy) -> f64 {
+    let out = run(s, &opts(strategy)).unwrap();
+    let (a, b) = (&out.series[1], out.series.last().unwrap());
+    (b.samples - a.samples) as f64 / s.training.batch_size as f64 / (b.t - a.t)
+}
+
+#[test]
+fn throughput_matches_the_closed_forms() {
+    let s = closed_form_scenario();
+    // ddp: every step waits for the slowest, N / max(step time) = 4 / 4.
+    let ddp = steps_per_s(&s, Strategy::Ddp);
+    assert!((ddp - 1.0).abs() < 0.03, "ddp {ddp} steps/s, expected 1.0");
+    // Fully asynchronous: sum of 1 / step time = 3 + 0.25.
+    let asynchronous = steps_per_s(&s, Strategy::Async);
+    assert!((asynchronous - 3.25).abs() < 0.05, "async {asynchronous} steps/s, expected 3.25");
+}
+
+#[test]
+fn every_builtin_scenario_runs_on_a_small_budget() {
+    for (name, _) in BUILTIN {
+        let mut s = Scenario::load(name).unwrap();
+        let large = s.node_count() > 100;
+        s.duration_s = if large { 4.0 } else { 30.0 };
+        s.sample_every_s = s.sample_every_s.min(s.duration_s / 2.0);
+        // Keep the scenario's own events within the budget.
+        for e in &mut s.events {
+            e.at_s = e.at_s.min(s.duration_s) * 0.5;
+        }
+        let out = run(&s, &opts(Strategy::Gopals)).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(out.series.len() >= 2, "{name}: {} samples", out.series.len());
+        if !large {
+            assert!(out.nodes.iter().map(|n| n.updates).sum::<u64>() > 0, "{name}: no updates");
+            assert!(out.series.last().unwrap().loss < out.series[0].loss, "{name}: loss did not fall");
+        }
+    }
+}
+
+#[test]
+fn compare_writes_the_table_json_csv_and_plots() {
+    let mut s = Scenario::load("demo").unwrap();
+    s.duration_s = 20.0;
+    s.ddp_lrs = vec![s.training.lr];
+    let (c, outputs) = compare(&s, &[Strategy::Ddp, Strategy::Gopals], 1, false).unwrap();
+    assert_eq!(c.rows.len(), 2);
+    assert_eq!(c.ddp_lr, Some(s.training.lr));
+    let dir = tempfile::tempdir().unwrap();
+    write_all(dir.path(), &c, &outputs).unwrap();
+    for f in ["summary.json", "timeseries.csv", "nodes.csv", "layers.csv", "layer_norms_by_node.csv", "loss_vs_time.png", "utilisation.png", "staleness.png", "consensus.png", "bytes_per_node.png"] {
+        let len = std::fs::metadata(dir.path().join(f)).unwrap_or_else(|_| panic!("{f} missing")).len();
+        assert!(len > 100, "{f} is {len} bytes");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len(), 2);
+}
