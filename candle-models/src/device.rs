@@ -109,7 +109,6 @@ pub fn select(choice: DeviceChoice) -> Result<SelectedDevice> {
                 Err(e) => reasons.push(e.to_string()),
             }
             let reason = format!("no GPU available ({}); training on the CPU", reasons.join("; "));
-            tracing::info!("{reason}");
             Ok(cpu(Some(reason)))
         }
     }

@@ -1,1 +1,279 @@
-fn main() {}
+//! `ragtag`: the volunteer node's command line.
+
+use std::{collections::BTreeSet, process::ExitCode, time::Duration};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use libp2p::{Multiaddr, PeerId};
+use ragtag_models::device::DeviceChoice;
+use ragtag_node::{
+    cli::{Cli, Command, LedgerCommand, RunArgs, SwarmCommand},
+    doctor, identity,
+    ledger::{self, SledLedger},
+    manifest_file, net,
+    runtime::{self, NodeOptions, startup},
+    status, swarm_key,
+};
+use ragtag_protocol::engine::{EngineOverrides, Strategy};
+
+/// candle asks for its thread count on every tensor operation and, unless
+/// `RAYON_NUM_THREADS` is set, reads /proc/cpuinfo each time. Set it once,
+/// before any thread exists.
+#[allow(unsafe_code)]
+fn pin_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // SAFETY: first thing in main, before any other thread is spawned.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+}
+
+fn main() -> ExitCode {
+    pin_thread_count();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,libp2p_kad=error,libp2p_swarm=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Keygen { out } => {
+            if out.exists() {
+                bail!("{} exists; refusing to overwrite an identity", out.display());
+            }
+            let key = identity::generate()?;
+            identity::save(&key, &out)?;
+            let peer = PeerId::from(identity::libp2p_keypair(&key).public());
+            println!("{peer}");
+            eprintln!("identity written to {} (mode 0600)", out.display());
+        }
+        Command::Swarm {
+            command: SwarmCommand::New { name, private, model, data, strategy, seed, h, tick_ms, out },
+        } => {
+            let strategy = Strategy::parse(&strategy).with_context(|| format!("unknown strategy {strategy:?}"))?;
+            let overrides = EngineOverrides { h, period_ms: tick_ms, ..EngineOverrides::default() };
+            let start_ms = runtime::now().0 / 1000;
+            let m = manifest_file::new_run(&manifest_file::NewRun {
+                name,
+                private,
+                data,
+                model,
+                strategy,
+                overrides,
+                seed,
+                start_ms,
+            })?;
+            std::fs::create_dir_all(&out)?;
+            manifest_file::write(&m, &out.join("manifest.toml"))?;
+            println!("run id {}", m.run_id());
+            println!("manifest: {}", out.join("manifest.toml").display());
+            if private {
+                let key = swarm_key::generate()?;
+                swarm_key::save(&key, &out.join("swarm.key"))?;
+                println!("swarm key: {} (share it only with members)", out.join("swarm.key").display());
+            }
+        }
+        Command::Run(args) => return run(*args).await,
+        Command::Status { metrics, json } => {
+            let s = status::fetch(&metrics).await.map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!("{}", s.render());
+            }
+        }
+        Command::Ledger { command } => return ledger_command(command),
+        Command::Doctor(args) => {
+            let checks = doctor::run(&args).await;
+            for c in &checks {
+                println!("{}", c.render());
+            }
+            if doctor::failed(&checks) {
+                println!("this machine cannot take part yet: fix the FAIL lines above");
+                return Ok(ExitCode::FAILURE);
+            }
+            println!("this machine can take part");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ledger_command(command: LedgerCommand) -> Result<ExitCode> {
+    let open = |state: &std::path::Path| {
+        let dir = state.join("ledger");
+        if !dir.exists() {
+            bail!("no ledger in {} (pass the node's --state)", state.display());
+        }
+        Ok(SledLedger::open(&dir)?)
+    };
+    match command {
+        LedgerCommand::Summary { state, k, json } => {
+            let s = ledger::summary(&open(&state)?, k)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                println!(
+                    "{:<18} {:>8} {:>10} {:>12} {:>10} {:>9} {:>9} {:>12}",
+                    "node", "updates", "samples", "GFLOP", "weight", "accepted", "receipts", "credit"
+                );
+                for p in std::iter::once(&s.me).chain(&s.peers) {
+                    println!(
+                        "{:<18} {:>8} {:>10} {:>12.2} {:>10.2} {:>9} {:>9} {:>12}",
+                        &p.node[..p.node.len().min(16)],
+                        p.contributions,
+                        p.samples,
+                        p.flops / 1e9,
+                        p.accepted_weight,
+                        p.accepted,
+                        p.receipts_from_distinct_peers,
+                        p.credit_samples
+                    );
+                }
+                println!("(first line: this node; credit = samples countersigned by at least {k} peers)");
+            }
+        }
+        LedgerCommand::Verify { state } => {
+            let r = ledger::verify(&open(&state)?)?;
+            match &r.error {
+                None => {
+                    println!("ledger ok: {} records signed by {}", r.records, r.signer.as_deref().unwrap_or("nobody"))
+                }
+                Some(e) => {
+                    println!("ledger BROKEN at record {}: {e}", r.bad_record.map_or("?".into(), |s| s.to_string()));
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        }
+        LedgerCommand::Export { state, format } => print!("{}", ledger::export(&open(&state)?, format)?),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_addrs(list: &[String], what: &str) -> Result<Vec<Multiaddr>> {
+    list.iter().map(|s| s.parse::<Multiaddr>().with_context(|| format!("invalid {what} address {s:?}"))).collect()
+}
+
+async fn run(args: RunArgs) -> Result<ExitCode> {
+    let args = args.merged().map_err(anyhow::Error::msg)?;
+    let state_arg = args.state.clone();
+    let state = startup::StateDir::lock(state_arg.as_deref().unwrap_or("ragtag-state".as_ref()), state_arg.is_none())?;
+    let key = identity::load_or_create(&args.key.clone().unwrap_or_else(|| state.path.join("identity.key")))?;
+    let keypair = identity::libp2p_keypair(&key);
+    let swarm_key = args.swarm_key.as_deref().map(swarm_key::load).transpose()?;
+    let bootstrap = parse_addrs(&args.bootstrap, "--bootstrap")?;
+    let mut listen = parse_addrs(&args.listen, "--listen")?;
+    let quic = args.quic.unwrap_or(false) && swarm_key.is_none();
+    if args.quic.unwrap_or(false) && swarm_key.is_some() {
+        tracing::warn!("QUIC cannot carry the swarm key of a private swarm: using TCP only");
+    }
+    if listen.is_empty() {
+        listen.push("/ip4/127.0.0.1/tcp/0".parse()?);
+        if quic {
+            listen.push("/ip4/127.0.0.1/udp/0/quic-v1".parse()?);
+        }
+    }
+    let beyond_loopback =
+        listen.iter().any(|a| !a.to_string().starts_with("/ip4/127.") && !a.to_string().starts_with("/ip6/::1"));
+    let allow_peers: Vec<PeerId> = args
+        .allow
+        .iter()
+        .map(|s| s.parse::<PeerId>().with_context(|| format!("invalid --allow peer id {s:?}")))
+        .collect::<Result<_>>()?;
+    let mut allow_nodes: Option<BTreeSet<_>> =
+        (!allow_peers.is_empty()).then(|| allow_peers.iter().filter_map(identity::node_id).collect());
+    if let Some(a) = allow_nodes.as_mut() {
+        a.insert(key.node_id());
+    }
+
+    // The manifest may have to come from peers: start a short-lived network for it.
+    let manifest = if args.manifest.is_none() && args.run_id.is_some() {
+        let cfg = net::Config {
+            keypair: identity::libp2p_keypair(&identity::generate()?),
+            topic: "ragtag/manifest".into(),
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
+            bootstrap: bootstrap.clone(),
+            swarm_key,
+            allow: Vec::new(),
+            mdns: false,
+            quic: false,
+            dial_remote: false,
+            relay_server: false,
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let (client, _events, task) = net::spawn(cfg, &mut registry).map_err(anyhow::Error::msg)?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let peers: Vec<PeerId> = bootstrap.iter().filter_map(net::peer_of).collect();
+        let m = startup::manifest(None, args.run_id.as_deref(), None, Some((&client, &peers))).await;
+        client.shutdown().await;
+        let _ = task.await;
+        m?
+    } else {
+        startup::manifest(args.manifest.as_deref(), None, args.strategy.as_deref(), None).await?
+    };
+    if manifest.data.needs_file() && args.data.is_none() {
+        bail!("this run trains on a data file ({:?}): pass it with --data PATH", manifest.data);
+    }
+    let device: DeviceChoice = args.device.as_deref().unwrap_or("auto").parse().map_err(anyhow::Error::msg)?;
+    let net_cfg = net::Config {
+        keypair,
+        topic: format!("ragtag/{}", manifest.run_id()),
+        listen,
+        bootstrap,
+        swarm_key,
+        allow: if allow_peers.is_empty() {
+            Vec::new()
+        } else {
+            allow_peers.into_iter().chain([PeerId::from(identity::libp2p_keypair(&key).public())]).collect()
+        },
+        mdns: args.mdns.unwrap_or(false),
+        quic,
+        dial_remote: beyond_loopback || args.mdns.unwrap_or(false),
+        relay_server: false,
+    };
+    let opts = NodeOptions {
+        manifest,
+        key,
+        state: state.path.clone(),
+        data: args.data.clone(),
+        device,
+        slowdown: args.slowdown.unwrap_or(1.0),
+        metrics: args.metrics,
+        max_rounds: args.max_rounds,
+        duration: args.duration.map(Duration::from_secs_f64),
+        target_loss: args.target_loss,
+        eval_every: args.eval_every.unwrap_or(1),
+        checkpoint_every: args.checkpoint_every.unwrap_or(5),
+        json: args.json.unwrap_or(false),
+        net: net_cfg,
+        allow: allow_nodes,
+    };
+    let outcome = runtime::run(opts).await?;
+    eprintln!(
+        "stopped: {} after {} rounds, {} updates applied{}",
+        outcome.reason,
+        outcome.rounds,
+        outcome.applied,
+        outcome.eval_loss.map(|l| format!(", held-out loss {l:.4}")).unwrap_or_default()
+    );
+    drop(state);
+    Ok(ExitCode::SUCCESS)
+}

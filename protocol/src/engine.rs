@@ -29,8 +29,8 @@ use std::{
 };
 
 pub use config::{
-    AntiEntropyConfig, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig, Schedule,
-    StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
+    AntiEntropyConfig, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig,
+    Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
 use membership::{Membership, PeerInfo};
 use outer::OuterState;
@@ -585,6 +585,9 @@ impl Engine {
         self.outputs.push_back(Output::Event(event));
     }
 
+    /// Drops an update with a reason. Only honest-but-late updates (too
+    /// stale) get a rejection receipt in the ledger: invalid input never
+    /// touches the ledger, only metrics and logs.
     fn drop_update(&mut self, announcement: &UpdateAnnouncement, reason: RejectReason, record: bool) {
         *self.stats.dropped.entry(reason).or_insert(0) += 1;
         self.given_up.insert(announcement.id);

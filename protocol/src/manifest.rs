@@ -199,11 +199,17 @@ impl Manifest {
     pub const FORMAT: u32 = 1;
 
     /// The built-in default run: a small MLP on the synthetic teacher task,
-    /// with `strategy`. Needs no files and trains in seconds on a CPU.
+    /// with `strategy`. Needs no files and trains in seconds on a CPU. Its
+    /// tick is fixed at two seconds: a tiny model runs thousands of steps a
+    /// second, and a tick must stay well above the time a message takes.
     pub fn builtin(strategy: Strategy) -> Self {
         let mut engine = EngineConfig::preset(strategy);
-        engine.h = engine.h.min(20);
-        engine.h_min = engine.h_min.min(engine.h);
+        if let crate::engine::Schedule::Tick { period_ms, .. } = &mut engine.schedule {
+            *period_ms = Some(2_000);
+        }
+        if strategy != Strategy::Ddp {
+            engine.h = 500;
+        }
         Self {
             format: Self::FORMAT,
             name: "builtin-teacher".into(),

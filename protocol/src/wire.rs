@@ -213,7 +213,23 @@ pub enum Message {
     Manifest(#[serde(with = "serde_bytes")] Vec<u8>),
     /// A request failed.
     Error(ErrorReply),
+    /// Ask for `bytes` of filler (round-trip and bandwidth checks).
+    Probe(u32),
+    /// The filler asked for.
+    ProbeReply(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// An announcement with its payload inline (gossip; small models).
+    Update {
+        /// The signed announcement.
+        announcement: Signed<UpdateAnnouncement>,
+        /// The payload it announces.
+        #[serde(with = "serde_bytes")]
+        payload: Vec<u8>,
+    },
 }
+
+/// Payloads up to this size travel inline with their announcement in one
+/// gossip message; larger ones are pulled by request-response.
+pub const MAX_INLINE_PAYLOAD: usize = MAX_GOSSIP_BYTES - 4 * 1024;
 
 /// The kinds of [`Message`], in wire order (the kind byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -244,11 +260,17 @@ pub enum MessageKind {
     Manifest = 11,
     /// See [`Message::Error`].
     Error = 12,
+    /// See [`Message::Probe`].
+    Probe = 13,
+    /// See [`Message::ProbeReply`].
+    ProbeReply = 14,
+    /// See [`Message::Update`].
+    Update = 15,
 }
 
 impl MessageKind {
     /// All kinds.
-    pub const ALL: [MessageKind; 13] = [
+    pub const ALL: [MessageKind; 16] = [
         MessageKind::Announce,
         MessageKind::Receipt,
         MessageKind::Heartbeat,
@@ -262,6 +284,9 @@ impl MessageKind {
         MessageKind::ManifestRequest,
         MessageKind::Manifest,
         MessageKind::Error,
+        MessageKind::Probe,
+        MessageKind::ProbeReply,
+        MessageKind::Update,
     ];
 
     fn from_byte(b: u8) -> Option<Self> {
@@ -281,6 +306,9 @@ impl MessageKind {
             MessageKind::Digest => 512 * 1024,
             MessageKind::Manifest => crate::manifest::MAX_MANIFEST_BYTES + 16,
             MessageKind::Error => 16,
+            MessageKind::Probe => 16,
+            MessageKind::ProbeReply => MAX_CHUNK_BYTES + 16,
+            MessageKind::Update => MAX_GOSSIP_BYTES,
         }
     }
 
@@ -300,6 +328,9 @@ impl MessageKind {
             MessageKind::ManifestRequest => "manifest_request",
             MessageKind::Manifest => "manifest",
             MessageKind::Error => "error",
+            MessageKind::Probe => "probe",
+            MessageKind::ProbeReply => "probe_reply",
+            MessageKind::Update => "update",
         }
     }
 }
@@ -326,6 +357,9 @@ impl Message {
             Message::ManifestRequest(_) => MessageKind::ManifestRequest,
             Message::Manifest(_) => MessageKind::Manifest,
             Message::Error(_) => MessageKind::Error,
+            Message::Probe(_) => MessageKind::Probe,
+            Message::ProbeReply(_) => MessageKind::ProbeReply,
+            Message::Update { .. } => MessageKind::Update,
         }
     }
 
@@ -458,6 +492,9 @@ mod tests {
             Message::ManifestRequest(run_id),
             Message::Manifest(vec![1, 2, 3]),
             Message::Error(ErrorReply::NotFound),
+            Message::Probe(1000),
+            Message::ProbeReply(vec![0; 1000]),
+            Message::Update { announcement: Signed::sign(&sample_announcement(&k), &k), payload: vec![1; 100] },
         ]
     }
 
@@ -507,7 +544,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_on_valid_prefix(kind in 0u8..13, tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+        fn decode_never_panics_on_valid_prefix(kind in 0u8..16, tail in proptest::collection::vec(any::<u8>(), 0..512)) {
             let mut bytes = vec![WIRE_VERSION, kind];
             bytes.extend(tail);
             if let Ok(m) = Message::decode(&bytes) {
@@ -517,7 +554,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_messages_never_panic(index in 0usize..13, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        fn mutated_valid_messages_never_panic(index in 0usize..16, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
             let msgs = every_kind_of_message();
             let mut bytes = msgs[index].encode();
             let i = pos.index(bytes.len());

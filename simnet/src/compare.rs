@@ -76,7 +76,12 @@ fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
 /// Runs `strategies` × `seeds` on `scenario`. ddp first sweeps its
 /// learning rate on seed 0 and keeps the best (fastest to target, else
 /// lowest final loss), so it is never compared untuned.
-pub fn compare(scenario: &Scenario, strategies: &[Strategy], seeds: u32, progress: bool) -> Result<(Comparison, Vec<RunOutput>)> {
+pub fn compare(
+    scenario: &Scenario,
+    strategies: &[Strategy],
+    seeds: u32,
+    progress: bool,
+) -> Result<(Comparison, Vec<RunOutput>)> {
     let mut outputs = Vec::new();
     let mut sweep = Vec::new();
     let mut ddp_lr = None;
@@ -130,13 +135,12 @@ pub fn summarize(scenario: &Scenario, strategies: &[Strategy], seeds: u32, outpu
     let ddp_time = mean(of(Strategy::Ddp).filter_map(|(r, _)| r.time_to_target_s));
     let ddp_bytes = mean(of(Strategy::Ddp).map(|(r, _)| r.bytes_per_sample));
     let rate_runs = if ddp_samples.is_some() { of(Strategy::Ddp).collect::<Vec<_>>() } else { Vec::new() };
-    let aggregate_samples_per_s = mean(rate_runs.iter().map(|(r, _)| r.aggregate_work / r.end_s.max(1e-9)))
-        .unwrap_or_else(|| {
+    let aggregate_samples_per_s =
+        mean(rate_runs.iter().map(|(r, _)| r.aggregate_work / r.end_s.max(1e-9))).unwrap_or_else(|| {
             let speeds: f64 = crate::speed::profiles(scenario, scenario.seed).iter().map(|p| p.base).sum();
             speeds
-        })
-        / scenario.step_cost_s
-        * scenario.training.batch_size as f64;
+        }) / scenario.step_cost_s
+            * scenario.training.batch_size as f64;
     let ideal_time_s = ddp_samples.map(|s| s / aggregate_samples_per_s);
     let rows = strategies
         .iter()
@@ -203,7 +207,17 @@ pub fn table(c: &Comparison) -> String {
     let _ = writeln!(
         out,
         "{:<20} {:>8} {:>12} {:>8} {:>8} {:>7} {:>12} {:>10} {:>10} {:>12} {:>9}",
-        "strategy", "reached", "to target", "x ddp", "x ideal", "util", "bytes/sample", "x fewer", "final loss", "loss@ddp-S", "staleness"
+        "strategy",
+        "reached",
+        "to target",
+        "x ddp",
+        "x ideal",
+        "util",
+        "bytes/sample",
+        "x fewer",
+        "final loss",
+        "loss@ddp-S",
+        "staleness"
     );
     for r in &c.rows {
         let _ = writeln!(

@@ -102,7 +102,8 @@ fn main() -> Result<()> {
             let summary = RunSummary::new(&s, &output);
             if let Some(dir) = &out {
                 let c = summarize(&s, &[strategy], 1, std::slice::from_ref(&output));
-                write_all(dir, &c, std::slice::from_ref(&output)).with_context(|| format!("writing {}", dir.display()))?;
+                write_all(dir, &c, std::slice::from_ref(&output))
+                    .with_context(|| format!("writing {}", dir.display()))?;
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -33,7 +33,14 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 /// A line chart; `hline` draws a dashed horizontal reference.
-fn line_chart(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series], hline: Option<f64>) -> Result<()> {
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    hline: Option<f64>,
+) -> Result<()> {
     register_font();
     let points = series.iter().flat_map(|(_, p)| p.iter()).filter(|(x, y)| x.is_finite() && y.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -110,7 +117,8 @@ pub fn write_plots(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<
     let runs = first_runs(outputs);
     let name = |o: &RunOutput| o.strategy.name().to_string();
 
-    let mut loss: Vec<Series> = runs.iter().map(|o| (name(o), o.series.iter().map(|s| (s.t, s.loss as f64)).collect())).collect();
+    let mut loss: Vec<Series> =
+        runs.iter().map(|o| (name(o), o.series.iter().map(|s| (s.t, s.loss as f64)).collect())).collect();
     if let Some(ddp) = runs.iter().find(|o| o.strategy == ragtag_protocol::engine::Strategy::Ddp) {
         let ideal = ddp.series.iter().map(|s| (s.samples as f64 / c.aggregate_samples_per_s, s.loss as f64)).collect();
         loss.push(("ideal (ddp's samples at the swarm's full compute)".into(), ideal));
@@ -132,22 +140,51 @@ pub fn write_plots(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<
             (name(o), nodes.iter().enumerate().map(|(i, n)| (i as f64, 100.0 * n.utilisation())).collect())
         })
         .collect();
-    line_chart(&dir.join("utilisation.png"), "utilisation per node (nodes sorted by speed)", "node (slowest to fastest)", "busy / up (%)", &util, Some(100.0))?;
+    line_chart(
+        &dir.join("utilisation.png"),
+        "utilisation per node (nodes sorted by speed)",
+        "node (slowest to fastest)",
+        "busy / up (%)",
+        &util,
+        Some(100.0),
+    )?;
 
     let stale: Vec<Series> = runs
         .iter()
         .map(|o| {
             let total: u64 = o.tally.staleness_histogram.iter().sum::<u64>().max(1);
-            (name(o), o.tally.staleness_histogram.iter().enumerate().map(|(i, c)| (i as f64, *c as f64 / total as f64)).collect())
+            (
+                name(o),
+                o.tally
+                    .staleness_histogram
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (i as f64, *c as f64 / total as f64))
+                    .collect(),
+            )
         })
         .collect();
-    line_chart(&dir.join("staleness.png"), "staleness of applied updates", "staleness tau (7 = 7 or more)", "fraction of applied updates", &stale, None)?;
+    line_chart(
+        &dir.join("staleness.png"),
+        "staleness of applied updates",
+        "staleness tau (7 = 7 or more)",
+        "fraction of applied updates",
+        &stale,
+        None,
+    )?;
 
     let consensus: Vec<Series> = runs
         .iter()
         .map(|o| (name(o), o.series.iter().map(|s| (s.t, (s.consensus_max as f64).max(1e-12).log10())).collect()))
         .collect();
-    line_chart(&dir.join("consensus.png"), "consensus distance (largest replica distance to the mean)", "virtual time (s)", "log10 relative distance", &consensus, None)?;
+    line_chart(
+        &dir.join("consensus.png"),
+        "consensus distance (largest replica distance to the mean)",
+        "virtual time (s)",
+        "log10 relative distance",
+        &consensus,
+        None,
+    )?;
 
     let bytes: Vec<Series> = runs
         .iter()
@@ -161,7 +198,15 @@ pub fn write_plots(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<
             .names()
             .iter()
             .map(|l| {
-                (l.clone(), o.layers.samples.iter().filter(|s| &s.layer == l).map(|s| (s.t, s.cosine_fast_slow as f64)).collect())
+                (
+                    l.clone(),
+                    o.layers
+                        .samples
+                        .iter()
+                        .filter(|s| &s.layer == l)
+                        .map(|s| (s.t, s.cosine_fast_slow as f64))
+                        .collect(),
+                )
             })
             .collect();
         line_chart(

@@ -173,7 +173,10 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
     let mut ts = create(dir, "timeseries.csv")?;
     writeln!(ts, "strategy,seed,t,loss,accuracy,samples,updates,consensus_max,consensus_mean,live,bytes")?;
     let mut nodes = create(dir, "nodes.csv")?;
-    writeln!(nodes, "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples")?;
+    writeln!(
+        nodes,
+        "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples"
+    )?;
     let mut layers = create(dir, "layers.csv")?;
     writeln!(layers, "strategy,seed,t,layer,cosine_fast_slow,norm_fast,norm_slow")?;
     let mut by_node = create(dir, "layer_norms_by_node.csv")?;
@@ -184,7 +187,16 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
             writeln!(
                 ts,
                 "{s},{},{:.3},{:.6},{:.6},{},{},{:.3e},{:.3e},{},{}",
-                r.seed, x.t, x.loss, x.accuracy, x.samples, x.updates, x.consensus_max, x.consensus_mean, x.live, x.bytes
+                r.seed,
+                x.t,
+                x.loss,
+                x.accuracy,
+                x.samples,
+                x.updates,
+                x.consensus_max,
+                x.consensus_mean,
+                x.live,
+                x.bytes
             )?;
         }
         for n in &r.nodes {
@@ -192,11 +204,25 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
             writeln!(
                 nodes,
                 "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{}",
-                r.seed, n.index, n.speed, n.group, n.utilisation(), n.busy_s, n.alive_s, n.bytes_sent, n.updates, rate, n.samples
+                r.seed,
+                n.index,
+                n.speed,
+                n.group,
+                n.utilisation(),
+                n.busy_s,
+                n.alive_s,
+                n.bytes_sent,
+                n.updates,
+                rate,
+                n.samples
             )?;
         }
         for l in &r.layers.samples {
-            writeln!(layers, "{s},{},{:.3},{},{:.5},{:.4e},{:.4e}", r.seed, l.t, l.layer, l.cosine_fast_slow, l.norm_fast, l.norm_slow)?;
+            writeln!(
+                layers,
+                "{s},{},{:.3},{},{:.5},{:.4e},{:.4e}",
+                r.seed, l.t, l.layer, l.cosine_fast_slow, l.norm_fast, l.norm_slow
+            )?;
         }
         for (i, (norms, count)) in r.layers.per_node.iter().enumerate() {
             for (layer, sum) in r.layers.names().iter().zip(norms) {

@@ -206,8 +206,7 @@ impl Scenario {
         }
         let path = Path::new(name_or_path);
         if path.exists() {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| ScenarioError::Io(path.display().to_string(), e))?;
+            let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Io(path.display().to_string(), e))?;
             return Self::parse(name_or_path, &text);
         }
         let names: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
@@ -239,7 +238,9 @@ impl Scenario {
             return bad("late node index out of range".into());
         }
         for strategy in Strategy::ALL {
-            self.manifest(strategy, None).validate().map_err(|e| ScenarioError::Invalid(self.name.clone(), e.to_string()))?;
+            self.manifest(strategy, None)
+                .validate()
+                .map_err(|e| ScenarioError::Invalid(self.name.clone(), e.to_string()))?;
         }
         Ok(())
     }

@@ -323,7 +323,8 @@ impl<'a> Sim<'a> {
         // Everyone is up before anyone starts, so first heartbeats reach all.
         let starting: Vec<usize> = (0..self.nodes.len()).filter(|i| self.nodes[*i].state != NodeState::Late).collect();
         for &i in &starting {
-            let engine = self.nodes[i].new_engine(&self.manifest, self.run_id, initial.clone(), self.scenario.step_cost_s);
+            let engine =
+                self.nodes[i].new_engine(&self.manifest, self.run_id, initial.clone(), self.scenario.step_cost_s);
             self.nodes[i].bring_up(engine, 0.0);
         }
         for &i in &starting {
@@ -371,7 +372,8 @@ impl<'a> Sim<'a> {
             Ev::Scenario(i) => self.scenario_event(i),
             Ev::Joined { node, state } => {
                 if self.nodes[node].state == NodeState::Joining {
-                    let engine = self.nodes[node].join_engine(&self.manifest, self.run_id, *state, self.scenario.step_cost_s);
+                    let engine =
+                        self.nodes[node].join_engine(&self.manifest, self.run_id, *state, self.scenario.step_cost_s);
                     self.nodes[node].bring_up(engine, self.now);
                     self.handle(node, Input::Start);
                 }
@@ -469,7 +471,8 @@ impl<'a> Sim<'a> {
                 } else {
                     let inline = payload_len <= INLINE_PAYLOAD_BYTES;
                     let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
-                    let what = if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
+                    let what =
+                        if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
                     self.broadcast(k, &receivers, wire_bytes, what);
                 }
             }
@@ -552,14 +555,19 @@ impl<'a> Sim<'a> {
         let from = self.nodes[k].id;
         let reached: Vec<usize> = receivers.iter().copied().filter(|j| self.network.connected(k, *j)).collect();
         if !reached.is_empty() {
-            self.push(done + self.network.latency_s(), Ev::Wave { nodes: reached, what: Delivery::Update { id, from } });
+            self.push(
+                done + self.network.latency_s(),
+                Ev::Wave { nodes: reached, what: Delivery::Update { id, from } },
+            );
         }
     }
 
     fn count(&mut self, ev: EngineEvent) {
         match ev {
             EngineEvent::Applied { staleness, .. } => self.tally.staleness_histogram[(staleness as usize).min(7)] += 1,
-            EngineEvent::Dropped { reason, .. } => *self.tally.dropped.entry(reason.name().to_string()).or_insert(0) += 1,
+            EngineEvent::Dropped { reason, .. } => {
+                *self.tally.dropped.entry(reason.name().to_string()).or_insert(0) += 1
+            }
             EngineEvent::AnchorsAveraged { .. } => self.tally.anchors_averaged += 1,
             EngineEvent::FetchAbandoned { .. } => self.tally.fetches_abandoned += 1,
             _ => {}
@@ -635,8 +643,13 @@ impl<'a> Sim<'a> {
 
     /// The mean of the live replicas' anchors.
     fn mean_anchor(&self) -> Option<(Vec<f32>, Vec<&[f32]>)> {
-        let anchors: Vec<&[f32]> =
-            self.nodes.iter().filter(|n| n.state == NodeState::Up).filter_map(|n| n.engine.as_ref()).map(|e| e.anchor()).collect();
+        let anchors: Vec<&[f32]> = self
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .filter_map(|n| n.engine.as_ref())
+            .map(|e| e.anchor())
+            .collect();
         let first = anchors.first()?;
         let mut mean = vec![0.0f64; first.len()];
         for a in &anchors {

@@ -88,10 +88,22 @@ fn compare_writes_the_table_json_csv_and_plots() {
     assert_eq!(c.ddp_lr, Some(s.training.lr));
     let dir = tempfile::tempdir().unwrap();
     write_all(dir.path(), &c, &outputs).unwrap();
-    for f in ["summary.json", "timeseries.csv", "nodes.csv", "layers.csv", "layer_norms_by_node.csv", "loss_vs_time.png", "utilisation.png", "staleness.png", "consensus.png", "bytes_per_node.png"] {
+    for f in [
+        "summary.json",
+        "timeseries.csv",
+        "nodes.csv",
+        "layers.csv",
+        "layer_norms_by_node.csv",
+        "loss_vs_time.png",
+        "utilisation.png",
+        "staleness.png",
+        "consensus.png",
+        "bytes_per_node.png",
+    ] {
         let len = std::fs::metadata(dir.path().join(f)).unwrap_or_else(|_| panic!("{f} missing")).len();
         assert!(len > 100, "{f} is {len} bytes");
     }
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["rows"].as_array().unwrap().len(), 2);
 }

@@ -303,7 +303,12 @@ impl EngineConfig {
             codec: CodecKind::Int8 { block: 256 },
             error_feedback: true,
             canonical_batches: true,
-            membership: MembershipConfig { heartbeat_ms: 2_000, peer_timeout_ms: 15_000, max_peers: 4_096, startup_ms: 2_000 },
+            membership: MembershipConfig {
+                heartbeat_ms: 2_000,
+                peer_timeout_ms: 15_000,
+                max_peers: 4_096,
+                startup_ms: 2_000,
+            },
         };
         let no_staleness = StalenessConfig {
             measure: StalenessMeasure::Sender,
@@ -312,7 +317,9 @@ impl EngineConfig {
             tau_max: u32::MAX,
         };
         match strategy {
-            Strategy::Gopals => EngineConfig { outer: OuterConfig { restart_below: Some(RESTART_BELOW), ..delayed }, ..base },
+            Strategy::Gopals => {
+                EngineConfig { outer: OuterConfig { restart_below: Some(RESTART_BELOW), ..delayed }, ..base }
+            }
             Strategy::GopalsAsync => EngineConfig {
                 schedule: Schedule::FreeRunning,
                 staleness: StalenessConfig {

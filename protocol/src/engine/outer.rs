@@ -30,7 +30,14 @@ impl OuterState {
     /// Zero state for `n` parameters.
     pub fn new(kind: OuterKind, n: usize) -> Self {
         let (m, b, v) = Self::lengths(kind, n);
-        Self { momentum: vec![0.0; m], buffer: vec![0.0; b], second_moment: vec![0.0; v], count: 0, outer_rounds: 0, restarts: 0 }
+        Self {
+            momentum: vec![0.0; m],
+            buffer: vec![0.0; b],
+            second_moment: vec![0.0; v],
+            count: 0,
+            outer_rounds: 0,
+            restarts: 0,
+        }
     }
 
     /// Lengths of (momentum, buffer, second moment) that `kind` needs.
@@ -219,7 +226,16 @@ mod tests {
     }
 
     fn cfg(kind: OuterKind) -> OuterConfig {
-        OuterConfig { kind, eta: 0.7, beta: 0.9, beta2: 0.95, weight_decay: 0.0, clip: 0.0, warmup_rounds: 0, restart_below: None }
+        OuterConfig {
+            kind,
+            eta: 0.7,
+            beta: 0.9,
+            beta2: 0.95,
+            weight_decay: 0.0,
+            clip: 0.0,
+            warmup_rounds: 0,
+            restart_below: None,
+        }
     }
 
     /// With no staleness and fixed membership, N arrivals under delayed

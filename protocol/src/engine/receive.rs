@@ -89,7 +89,7 @@ impl Engine {
             return;
         }
         if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
-            self.drop_update(&a, RejectReason::ShapeMismatch, true);
+            self.drop_update(&a, RejectReason::ShapeMismatch, false);
             return;
         }
         self.accept_payload(a, bytes);
@@ -114,7 +114,7 @@ impl Engine {
         let refused = reason.filter(|r| *r != RejectReason::HashMismatch);
         if let Some(reason) = refused {
             let a = self.awaiting.remove(&id).expect("checked above").announcement;
-            self.drop_update(&a, reason, true);
+            self.drop_update(&a, reason, false);
             return;
         }
         if let Some(&next) = w.sources.first() {
@@ -146,7 +146,7 @@ impl Engine {
         };
         let a = w.announcement;
         if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
-            self.drop_update(&a, RejectReason::ShapeMismatch, true);
+            self.drop_update(&a, RejectReason::ShapeMismatch, false);
             return;
         }
         self.accept_payload(a, bytes);

@@ -122,7 +122,8 @@ impl Engine {
             return false;
         }
         let arrived_peers = arrived.map_or(0, |a| a.len() - usize::from(me_in));
-        let never_contributed = self.membership.live_count() - 1 - self.last_tick_of.len().min(self.membership.live_count() - 1);
+        let never_contributed =
+            self.membership.live_count() - 1 - self.last_tick_of.len().min(self.membership.live_count() - 1);
         let recent: u32 = self.last_tick_counts.range(k.saturating_sub(1)..).map(|(_, c)| *c).sum();
         arrived_peers >= never_contributed + recent as usize
     }

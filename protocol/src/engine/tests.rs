@@ -360,7 +360,7 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
         run_id: run,
         id: UpdateId { src: k1, round },
         base_total: 0,
-            base: None,
+        base: None,
         base_tick: 0,
         publish_tick: 0,
         sender_staleness: stale,
@@ -430,7 +430,7 @@ fn random_updates(cfg: &EngineConfig, n: usize, seed: u64) -> Vec<(UpdateAnnounc
                 run_id: RunId(Hash32([1; 32])),
                 id: UpdateId { src, round: (i / 3) as u64 },
                 base_total: 0,
-            base: None,
+                base: None,
                 base_tick: (i / 3) as u64,
                 publish_tick: (i / 3) as u64,
                 sender_staleness: 0,
@@ -575,4 +575,3 @@ proptest! {
         }
     }
 }
-

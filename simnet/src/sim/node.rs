@@ -47,7 +47,14 @@ pub(super) struct SimNode {
 }
 
 impl SimNode {
-    pub(super) fn new(index: usize, seed: u64, profile: SpeedProfile, group: usize, trainer: Trainer, late: bool) -> Self {
+    pub(super) fn new(
+        index: usize,
+        seed: u64,
+        profile: SpeedProfile,
+        group: usize,
+        trainer: Trainer,
+        late: bool,
+    ) -> Self {
         Self {
             index,
             id: Keypair::deterministic(seed, index as u64).node_id(),

@@ -1,0 +1,279 @@
+//! The command line (clap) and the TOML config file that may set any flag
+//! of `ragtag run`.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::ledger::ExportFormat;
+
+/// ragtag: train one neural network on mixed, volunteered hardware.
+#[derive(Parser, Debug)]
+#[command(name = "ragtag", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create an ed25519 identity (file mode 0600) and print its PeerId.
+    Keygen {
+        /// Where to write it (default: ./ragtag.key).
+        #[arg(long, default_value = "ragtag.key")]
+        out: PathBuf,
+    },
+    /// Create runs.
+    Swarm {
+        /// What to create.
+        #[command(subcommand)]
+        command: SwarmCommand,
+    },
+    /// Run a node (with no flags: the built-in default run on 127.0.0.1).
+    Run(Box<RunArgs>),
+    /// Show a running node's status.
+    Status {
+        /// The node's --metrics address.
+        #[arg(long, default_value = "127.0.0.1:9477")]
+        metrics: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read this node's contribution ledger.
+    Ledger {
+        /// What to do with it.
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
+    /// Check that this machine can take part, and say how to fix what fails.
+    Doctor(DoctorArgs),
+}
+
+/// `ragtag swarm ...`
+#[derive(Subcommand, Debug)]
+pub enum SwarmCommand {
+    /// Write a run manifest (and, with --private, a swarm.key).
+    New {
+        /// The run's name.
+        #[arg(long)]
+        name: String,
+        /// A private swarm: also write swarm.key (pre-shared key).
+        #[arg(long)]
+        private: bool,
+        /// mlp, cnn or transformer (default: what the data needs).
+        #[arg(long)]
+        model: Option<String>,
+        /// teacher, markov, text:PATH, digits:PATH or idx:IMAGES,LABELS.
+        #[arg(long, default_value = "teacher")]
+        data: String,
+        /// ddp, diloco, diloco-proportional, async, gopals, gopals-async.
+        #[arg(long, default_value = "gopals")]
+        strategy: String,
+        /// Seed of the initial weights.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Inner steps per round (H).
+        #[arg(long)]
+        h: Option<u32>,
+        /// Fixed tick period in ms (tick mode; default: H / v_ref).
+        #[arg(long)]
+        tick_ms: Option<u32>,
+        /// Directory to write manifest.toml (and swarm.key) into.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// `ragtag ledger ...`
+#[derive(Subcommand, Debug)]
+pub enum LedgerCommand {
+    /// Contributions, samples, FLOPs, accepted weight and credit per peer.
+    Summary {
+        /// The node's state directory.
+        #[arg(long, default_value = "ragtag-state")]
+        state: PathBuf,
+        /// Distinct countersigning peers needed for credit.
+        #[arg(long, short, default_value_t = 1)]
+        k: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every signature and the hash chain; non-zero exit names the first bad record.
+    Verify {
+        /// The node's state directory.
+        #[arg(long, default_value = "ragtag-state")]
+        state: PathBuf,
+    },
+    /// Every record with its signature, verifiable with the public key.
+    Export {
+        /// The node's state directory.
+        #[arg(long, default_value = "ragtag-state")]
+        state: PathBuf,
+        /// jsonl or csv.
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: ExportFormat,
+    },
+}
+
+/// `ragtag doctor`
+#[derive(Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// Bootstrap nodes to test.
+    #[arg(long)]
+    pub bootstrap: Vec<String>,
+    /// Swarm key of a private swarm.
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
+    /// Device to test.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Seconds to wait for network checks.
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+}
+
+/// `ragtag run` flags. Every one may also come from `--config FILE` (TOML,
+/// same names with `_` for `-`); flags win over the file.
+#[derive(Args, Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunArgs {
+    /// A TOML file setting any of these flags.
+    #[arg(long)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// The run manifest (default: the built-in run, or fetched from peers with --run-id).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Join a run by id: fetch its manifest from the bootstrap peers.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Strategy of the built-in run.
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// Pre-shared key of a private swarm (TCP only).
+    #[arg(long)]
+    pub swarm_key: Option<PathBuf>,
+    /// Peers allowed to connect and contribute (private swarms).
+    #[arg(long)]
+    pub allow: Vec<String>,
+    /// Peers to join through (full multiaddr with /p2p/).
+    #[arg(long)]
+    pub bootstrap: Vec<String>,
+    /// Addresses to listen on (default: 127.0.0.1 only).
+    #[arg(long)]
+    pub listen: Vec<String>,
+    /// Discover peers on the local network with mDNS (sends multicast).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub mdns: Option<bool>,
+    /// Also listen on QUIC (public swarms).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub quic: Option<bool>,
+    /// auto, cpu, cuda, cuda:N or metal.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// The data file, for runs on file data.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// State directory: identity, ledger, checkpoints (resumes after a restart).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// Identity file (default: STATE/identity.key).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
+    /// Serve Prometheus metrics and /status here.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Make every inner step take this many times longer (emulates slower hardware).
+    #[arg(long)]
+    pub slowdown: Option<f32>,
+    /// Stop after this many rounds.
+    #[arg(long)]
+    pub max_rounds: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Stop once the held-out loss of our replica is at or below this.
+    #[arg(long)]
+    pub target_loss: Option<f32>,
+    /// Evaluate the held-out loss every this many rounds.
+    #[arg(long)]
+    pub eval_every: Option<u64>,
+    /// Checkpoint every this many rounds.
+    #[arg(long)]
+    pub checkpoint_every: Option<u64>,
+    /// Print a JSON line per round on stdout (for scripts and tests).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub json: Option<bool>,
+}
+
+impl RunArgs {
+    /// Fills unset flags from the config file, if one was given.
+    pub fn merged(mut self) -> Result<Self, String> {
+        let Some(path) = self.config.clone() else { return Ok(self) };
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let file: RunArgs = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        macro_rules! fill {
+            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = file.$f; } )* };
+        }
+        macro_rules! extend {
+            ($($f:ident),*) => { $( if self.$f.is_empty() { self.$f = file.$f; } )* };
+        }
+        fill!(
+            manifest,
+            run_id,
+            strategy,
+            swarm_key,
+            mdns,
+            quic,
+            device,
+            data,
+            state,
+            key,
+            metrics,
+            slowdown,
+            max_rounds,
+            duration,
+            target_loss,
+            eval_every,
+            checkpoint_every,
+            json
+        );
+        extend!(allow, bootstrap, listen);
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_fills_unset_flags_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("node.toml");
+        std::fs::write(&cfg, "slowdown = 4.0\nbootstrap = [\"/ip4/127.0.0.1/tcp/1\"]\nmax_rounds = 9\nmdns = false\n")
+            .unwrap();
+        let cli = Cli::parse_from(["ragtag", "run", "--config", cfg.to_str().unwrap(), "--max-rounds", "3"]);
+        let Command::Run(args) = cli.command else { panic!("not run") };
+        let args = args.merged().unwrap();
+        assert_eq!(args.slowdown, Some(4.0));
+        assert_eq!(args.max_rounds, Some(3));
+        assert_eq!(args.bootstrap.len(), 1);
+        assert_eq!(args.mdns, Some(false));
+        std::fs::write(&cfg, "no_such_flag = 1\n").unwrap();
+        let cli = Cli::parse_from(["ragtag", "run", "--config", cfg.to_str().unwrap()]);
+        let Command::Run(args) = cli.command else { panic!("not run") };
+        assert!(args.merged().unwrap_err().contains("no_such_flag"));
+    }
+
+    #[test]
+    fn help_is_available_everywhere() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,8 @@
+//! The node's contribution ledger in sled: our own signed, hash-chained
+//! records, and the receipts others signed about our contributions.
+
+mod report;
+mod sled_store;
+
+pub use report::{ExportFormat, VerifyReport, export, summary, verify};
+pub use sled_store::{LedgerError, SledLedger};

@@ -1,0 +1,204 @@
+//! Run manifests on disk (TOML) and `ragtag swarm new`.
+
+use std::path::{Path, PathBuf};
+
+use ragtag_protocol::{
+    engine::{EngineOverrides, Strategy},
+    ids::Hash32,
+    manifest::{DataSpec, Manifest, ModelSpec, TrainingSpec},
+};
+
+/// Manifest file errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestFileError {
+    /// The file cannot be read or written.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    /// The TOML is invalid.
+    #[error("{0}: {1}")]
+    Parse(PathBuf, String),
+    /// The manifest is invalid.
+    #[error("{0}: {1}")]
+    Invalid(PathBuf, String),
+    /// A `--data` or `--model` choice is not understood.
+    #[error("{0}")]
+    Choice(String),
+}
+
+/// Reads and validates a manifest.
+pub fn read(path: &Path) -> Result<Manifest, ManifestFileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ManifestFileError::Io(path.into(), e))?;
+    let m: Manifest = toml::from_str(&text).map_err(|e| ManifestFileError::Parse(path.into(), e.to_string()))?;
+    m.validate().map_err(|e| ManifestFileError::Invalid(path.into(), e.to_string()))?;
+    Ok(m)
+}
+
+/// Writes a manifest as TOML, with its run id in a comment.
+pub fn write(m: &Manifest, path: &Path) -> Result<(), ManifestFileError> {
+    let body = toml::to_string_pretty(m).map_err(|e| ManifestFileError::Parse(path.into(), e.to_string()))?;
+    let text = format!("# ragtag run manifest; run id {}\n{body}", m.run_id());
+    std::fs::write(path, text).map_err(|e| ManifestFileError::Io(path.into(), e))
+}
+
+/// What `ragtag swarm new` was asked for.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// Human name.
+    pub name: String,
+    /// A private swarm.
+    pub private: bool,
+    /// `teacher`, `markov`, `text:PATH`, `digits:PATH`, `idx:IMAGES,LABELS`.
+    pub data: String,
+    /// `mlp`, `cnn`, `transformer`, or empty for the data's default.
+    pub model: Option<String>,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Engine changes.
+    pub overrides: EngineOverrides,
+    /// Seed of the initial weights.
+    pub seed: u64,
+    /// Start of the run's clock (Unix ms).
+    pub start_ms: u64,
+}
+
+fn file_hash(path: &str) -> Result<(Hash32, Vec<u8>), ManifestFileError> {
+    let bytes = std::fs::read(path).map_err(|e| ManifestFileError::Io(path.into(), e))?;
+    Ok((Hash32::of(&bytes), bytes))
+}
+
+/// Builds the manifest of a new run. File-backed data is hashed, so every
+/// node must hold the same bytes.
+pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
+    let name_of = |p: &str| Path::new(p).file_name().map_or_else(|| p.to_string(), |n| n.to_string_lossy().to_string());
+    let (data, default_model) = match r.data.split_once(':').unwrap_or((r.data.as_str(), "")) {
+        ("teacher", _) => (
+            DataSpec::Teacher { inputs: 32, classes: 10, hidden: 16, temperature: 0.5, test_samples: 2048 },
+            ModelSpec::Mlp { inputs: 32, hidden: vec![64, 64], classes: 10 },
+        ),
+        ("markov", _) => (
+            DataSpec::Markov { vocab: 32, branching: 4, test_chars: 32_768 },
+            ModelSpec::CharTransformer { vocab: 32, context: 64, width: 128, layers: 2, heads: 4 },
+        ),
+        ("text", path) => {
+            let (hash, bytes) = file_hash(path)?;
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|e| ManifestFileError::Choice(format!("{path}: not UTF-8: {e}")))?;
+            let vocab = text.chars().collect::<std::collections::BTreeSet<_>>().len() as u32;
+            (
+                DataSpec::TextFile { name: name_of(path), hash },
+                ModelSpec::CharTransformer { vocab, context: 128, width: 256, layers: 4, heads: 4 },
+            )
+        }
+        ("digits", path) => (
+            DataSpec::DigitsCsv { name: name_of(path), hash: file_hash(path)?.0 },
+            ModelSpec::Cnn { side: 8, channels: [16, 32], hidden: 64, classes: 10 },
+        ),
+        ("idx", paths) => {
+            let (images, labels) = paths
+                .split_once(',')
+                .ok_or_else(|| ManifestFileError::Choice("idx data is idx:IMAGES,LABELS".into()))?;
+            (
+                DataSpec::Idx {
+                    name: name_of(images),
+                    images_hash: file_hash(images)?.0,
+                    labels_hash: file_hash(labels)?.0,
+                },
+                ModelSpec::Cnn { side: 28, channels: [16, 32], hidden: 128, classes: 10 },
+            )
+        }
+        (other, _) => {
+            return Err(ManifestFileError::Choice(format!(
+                "unknown data {other:?}: use teacher, markov, text:PATH, digits:PATH or idx:IMAGES,LABELS"
+            )));
+        }
+    };
+    let model = match r.model.as_deref() {
+        None | Some("") => default_model,
+        Some(kind) => adapt_model(kind, &default_model)?,
+    };
+    let mut training = TrainingSpec::default();
+    if matches!(model, ModelSpec::CharTransformer { .. }) {
+        training.batch_size = 16;
+        training.lr = 1e-3;
+        training.eval_samples = 256;
+    }
+    let m = Manifest {
+        format: Manifest::FORMAT,
+        name: r.name.clone(),
+        start_ms: r.start_ms,
+        seed: r.seed,
+        model,
+        data,
+        training,
+        engine: r.overrides.apply(r.strategy),
+        private: r.private,
+    };
+    m.validate().map_err(|e| ManifestFileError::Choice(e.to_string()))?;
+    Ok(m)
+}
+
+/// The requested model kind with the data's input and output sizes.
+fn adapt_model(kind: &str, default: &ModelSpec) -> Result<ModelSpec, ManifestFileError> {
+    let (inputs, classes) = match default {
+        ModelSpec::Mlp { inputs, classes, .. } => (*inputs, *classes),
+        ModelSpec::Cnn { side, classes, .. } => (side * side, *classes),
+        ModelSpec::CharTransformer { vocab, .. } => (*vocab, *vocab),
+    };
+    match (kind, default) {
+        ("mlp", ModelSpec::CharTransformer { .. }) | ("cnn", ModelSpec::CharTransformer { .. }) => {
+            Err(ManifestFileError::Choice("text data needs the transformer model".into()))
+        }
+        ("mlp", _) => Ok(ModelSpec::Mlp { inputs, hidden: vec![64, 64], classes }),
+        ("cnn", ModelSpec::Cnn { .. }) => Ok(default.clone()),
+        ("cnn", _) => Err(ManifestFileError::Choice("the CNN needs image data (digits or idx)".into())),
+        ("transformer", ModelSpec::CharTransformer { .. }) => Ok(default.clone()),
+        ("transformer", _) => {
+            Err(ManifestFileError::Choice("the transformer needs text data (markov or text:PATH)".into()))
+        }
+        (other, _) => Err(ManifestFileError::Choice(format!("unknown model {other:?}: use mlp, cnn or transformer"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(data: &str) -> NewRun {
+        NewRun {
+            name: "t".into(),
+            private: false,
+            data: data.into(),
+            model: None,
+            strategy: Strategy::Gopals,
+            overrides: EngineOverrides::default(),
+            seed: 1,
+            start_ms: 1_700_000_000_000,
+        }
+    }
+
+    #[test]
+    fn toml_round_trip_keeps_the_run_id() {
+        let dir = tempfile::tempdir().unwrap();
+        for m in [new_run(&run("teacher")).unwrap(), new_run(&run("markov")).unwrap(), Manifest::builtin(Strategy::Ddp)]
+        {
+            let p = dir.path().join("m.toml");
+            write(&m, &p).unwrap();
+            let back = read(&p).unwrap();
+            assert_eq!(back, m);
+            assert_eq!(back.run_id(), m.run_id());
+        }
+    }
+
+    #[test]
+    fn file_data_is_hashed_and_bad_choices_are_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.txt");
+        std::fs::write(&p, "hello world").unwrap();
+        let m = new_run(&run(&format!("text:{}", p.display()))).unwrap();
+        assert!(matches!(m.model, ModelSpec::CharTransformer { vocab: 8, .. }));
+        assert!(new_run(&run("nope")).unwrap_err().to_string().contains("unknown data"));
+        let mut r = run("teacher");
+        r.model = Some("cnn".into());
+        assert!(new_run(&r).unwrap_err().to_string().contains("image data"));
+    }
+}

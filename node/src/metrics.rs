@@ -1,0 +1,162 @@
+//! Prometheus metrics (ours and libp2p's) and the HTTP endpoint that serves
+//! them with `/status`.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex, RwLock, atomic::AtomicU64},
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::status::Status;
+
+/// A reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// The reason, snake_case.
+    pub reason: String,
+}
+
+/// A message-kind label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// The kind, snake_case.
+    pub kind: String,
+}
+
+/// Our metrics.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    /// Local phases completed.
+    pub rounds: Counter,
+    /// Inner steps taken.
+    pub steps: Counter,
+    /// Samples processed.
+    pub samples: Counter,
+    /// Updates published.
+    pub published: Counter,
+    /// Updates applied to our replica.
+    pub applied: Counter,
+    /// Outer rounds closed.
+    pub outer_rounds: Counter,
+    /// Inputs rejected or updates dropped, by reason.
+    pub rejected: Family<ReasonLabel, Counter>,
+    /// Staleness of applied updates.
+    pub staleness: Histogram,
+    /// Mean training loss of the last round.
+    pub train_loss: Gauge<f64, AtomicU64>,
+    /// Latest held-out loss.
+    pub eval_loss: Gauge<f64, AtomicU64>,
+    /// Connected peers.
+    pub connected_peers: Gauge,
+    /// Live members.
+    pub live_nodes: Gauge,
+    /// Fraction of time training.
+    pub utilisation: Gauge<f64, AtomicU64>,
+    /// Our steps per second.
+    pub speed: Gauge<f64, AtomicU64>,
+    /// Bytes of our messages sent, by kind.
+    pub bytes_out: Family<KindLabel, Counter>,
+    /// Bytes of messages received, by kind.
+    pub bytes_in: Family<KindLabel, Counter>,
+    /// Ledger records written.
+    pub ledger_records: Counter,
+    /// Anchor averages by anti-entropy.
+    pub anchors_averaged: Counter,
+    /// Estimated relative distance to peers' replicas.
+    pub consensus_distance: Gauge<f64, AtomicU64>,
+}
+
+impl NodeMetrics {
+    /// Registers our metrics under `ragtag_`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            rounds: Counter::default(),
+            steps: Counter::default(),
+            samples: Counter::default(),
+            published: Counter::default(),
+            applied: Counter::default(),
+            outer_rounds: Counter::default(),
+            rejected: Family::default(),
+            staleness: Histogram::new([0.5, 1.5, 2.5, 3.5, 4.5, 8.5, 16.5, 64.5]),
+            train_loss: Gauge::default(),
+            eval_loss: Gauge::default(),
+            connected_peers: Gauge::default(),
+            live_nodes: Gauge::default(),
+            utilisation: Gauge::default(),
+            speed: Gauge::default(),
+            bytes_out: Family::default(),
+            bytes_in: Family::default(),
+            ledger_records: Counter::default(),
+            anchors_averaged: Counter::default(),
+            consensus_distance: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("ragtag");
+        r.register("rounds", "Local phases completed", m.rounds.clone());
+        r.register("steps", "Inner steps taken", m.steps.clone());
+        r.register("samples", "Samples processed", m.samples.clone());
+        r.register("updates_published", "Updates published", m.published.clone());
+        r.register("updates_applied", "Updates applied to this replica", m.applied.clone());
+        r.register("outer_rounds", "Outer rounds closed", m.outer_rounds.clone());
+        r.register("rejected", "Inputs rejected or updates dropped, by reason", m.rejected.clone());
+        r.register("staleness", "Staleness of applied updates", m.staleness.clone());
+        r.register("train_loss", "Mean training loss of the last round", m.train_loss.clone());
+        r.register("eval_loss", "Latest held-out loss of this replica", m.eval_loss.clone());
+        r.register("connected_peers", "Connected libp2p peers", m.connected_peers.clone());
+        r.register("live_nodes", "Live members of the run, this node included", m.live_nodes.clone());
+        r.register("utilisation", "Fraction of the time spent training", m.utilisation.clone());
+        r.register("speed_steps_per_second", "Inner steps per second", m.speed.clone());
+        r.register("message_bytes_out", "Bytes of messages sent, by kind", m.bytes_out.clone());
+        r.register("message_bytes_in", "Bytes of messages received, by kind", m.bytes_in.clone());
+        r.register("ledger_records", "Ledger records written", m.ledger_records.clone());
+        r.register("anchors_averaged", "Anchor averages by anti-entropy", m.anchors_averaged.clone());
+        r.register(
+            "consensus_distance",
+            "Estimated relative distance to a peer's replica",
+            m.consensus_distance.clone(),
+        );
+        m
+    }
+
+    /// Counts a rejection.
+    pub fn reject(&self, reason: &str) {
+        self.rejected.get_or_create(&ReasonLabel { reason: reason.to_string() }).inc();
+    }
+}
+
+/// What the HTTP endpoint serves.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The registry (ours and libp2p's).
+    pub registry: Arc<Mutex<Registry>>,
+    /// The latest status.
+    pub status: Arc<RwLock<Status>>,
+}
+
+/// Serves `/metrics` (Prometheus text) and `/status` (JSON) on `addr`;
+/// returns the bound address.
+pub async fn serve(addr: SocketAddr, endpoint: Endpoint) -> std::io::Result<SocketAddr> {
+    use axum::{Json, Router, extract::State, http::header, response::IntoResponse, routing::get};
+    async fn metrics(State(e): State<Endpoint>) -> impl IntoResponse {
+        let mut text = String::new();
+        let reg = e.registry.lock().expect("registry lock");
+        let _ = prometheus_client::encoding::text::encode(&mut text, &reg);
+        ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+    }
+    async fn status(State(e): State<Endpoint>) -> Json<Status> {
+        Json(e.status.read().expect("status lock").clone())
+    }
+    let app = Router::new().route("/metrics", get(metrics)).route("/status", get(status)).with_state(endpoint);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("metrics endpoint stopped: {e}");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,206 @@
+//! Networking: one task owns the libp2p swarm; the rest of the node talks
+//! to it through a cloneable [`Client`] (bounded command channel) and
+//! receives [`Event`]s (bounded event channel), as in rust-libp2p's
+//! file-sharing example.
+
+mod behaviour;
+mod codec;
+mod event_loop;
+mod transport;
+
+use std::time::Duration;
+
+pub use behaviour::{NodeBehaviour, NodeBehaviourEvent};
+pub use codec::WireCodec;
+pub use event_loop::{peer_of, spawn};
+use libp2p::{Multiaddr, PeerId, gossipsub::MessageAcceptance, pnet::PreSharedKey};
+use ragtag_protocol::wire::Message;
+use tokio::sync::{mpsc, oneshot};
+
+/// Commands queued for the network task at most.
+pub const COMMAND_CAPACITY: usize = 1024;
+/// Events queued for the node at most.
+pub const EVENT_CAPACITY: usize = 4096;
+/// Request-response timeout.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections kept open while idle (request-response only connections
+/// would otherwise close after 10 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// The protocol version identify advertises.
+pub const PROTOCOL_VERSION: &str = "/ragtag/1.0.0";
+/// The request-response protocol.
+pub const REQUEST_PROTOCOL: &str = "/ragtag/req/1.0.0";
+/// The Kademlia protocol of ragtag swarms.
+pub const KAD_PROTOCOL: &str = "/ragtag/kad/1.0.0";
+
+/// How the network is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Our identity.
+    pub keypair: libp2p::identity::Keypair,
+    /// The gossip topic (named by the run id).
+    pub topic: String,
+    /// Addresses to listen on.
+    pub listen: Vec<Multiaddr>,
+    /// Peers to dial at start (full multiaddrs with /p2p/).
+    pub bootstrap: Vec<Multiaddr>,
+    /// Private swarm key: TCP only, wrapped in pnet.
+    pub swarm_key: Option<PreSharedKey>,
+    /// Peers allowed to stay connected (private swarms); empty = anyone.
+    pub allow: Vec<PeerId>,
+    /// Discover peers on the LAN with mDNS.
+    pub mdns: bool,
+    /// Add the QUIC transport (public swarms only).
+    pub quic: bool,
+    /// Dial addresses peers report that are not loopback (opt-in, like listening beyond loopback).
+    pub dial_remote: bool,
+    /// Serve as a relay (bootstrap nodes).
+    pub relay_server: bool,
+}
+
+/// What the network tells the node.
+#[derive(Debug)]
+pub enum Event {
+    /// A gossip message on our topic; report its validation with [`Client::report`].
+    Gossip {
+        /// The peer that forwarded it.
+        propagation_source: PeerId,
+        /// Its gossipsub id.
+        message_id: libp2p::gossipsub::MessageId,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// A request from a peer; answer with [`Client::respond`].
+    Request {
+        /// Who asks.
+        peer: PeerId,
+        /// Handle for the response.
+        id: u64,
+        /// The decoded request.
+        message: Message,
+    },
+    /// Now listening on this address (with our /p2p/ appended).
+    Listening(Multiaddr),
+    /// A connection to a peer opened (first one).
+    Connected(PeerId),
+    /// The last connection to a peer closed.
+    Disconnected(PeerId),
+    /// A dial failed.
+    DialFailed {
+        /// The peer, when known.
+        peer: Option<PeerId>,
+        /// What went wrong.
+        error: String,
+    },
+    /// AutoNAT's view of our reachability changed ("public", "private", "unknown").
+    Reachability(String),
+    /// A relay accepted our reservation.
+    RelayReserved(PeerId),
+    /// A peer that is not on the allowlist was disconnected.
+    NotAllowed(PeerId),
+    /// A request we received could not be decoded (size, format).
+    BadRequest {
+        /// Who sent it.
+        peer: PeerId,
+        /// Why.
+        error: String,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) enum Command {
+    Publish(Vec<u8>),
+    Request { peer: PeerId, message: Message, reply: oneshot::Sender<Result<Message, String>> },
+    Respond { id: u64, message: Message },
+    Report { message_id: libp2p::gossipsub::MessageId, source: PeerId, acceptance: MessageAcceptance },
+    Dial(Multiaddr),
+    Penalize { peer: PeerId },
+    ListenRelay(Multiaddr),
+    Info(oneshot::Sender<NetInfo>),
+    Shutdown,
+}
+
+/// A snapshot of the network.
+#[derive(Debug, Clone, Default)]
+pub struct NetInfo {
+    /// Connected peers.
+    pub connected: Vec<PeerId>,
+    /// Our listen addresses.
+    pub listen: Vec<Multiaddr>,
+    /// Gossipsub scores of connected peers.
+    pub scores: Vec<(PeerId, f64)>,
+    /// Peers in our gossip mesh.
+    pub mesh: usize,
+}
+
+/// A cloneable handle to the network task.
+#[derive(Debug, Clone)]
+pub struct Client {
+    tx: mpsc::Sender<Command>,
+    local: PeerId,
+}
+
+impl Client {
+    /// Our PeerId.
+    pub fn local_peer_id(&self) -> PeerId {
+        self.local
+    }
+
+    async fn send(&self, c: Command) -> Result<(), String> {
+        self.tx.send(c).await.map_err(|_| "the network task stopped".to_string())
+    }
+
+    /// Gossips `data` on the run's topic.
+    pub async fn publish(&self, data: Vec<u8>) -> Result<(), String> {
+        self.send(Command::Publish(data)).await
+    }
+
+    /// Sends a request and waits for the response.
+    pub async fn request(&self, peer: PeerId, message: Message) -> Result<Message, String> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::Request { peer, message, reply }).await?;
+        rx.await.map_err(|_| "the network task dropped the request".to_string())?
+    }
+
+    /// Answers request `id`.
+    pub async fn respond(&self, id: u64, message: Message) -> Result<(), String> {
+        self.send(Command::Respond { id, message }).await
+    }
+
+    /// Reports a gossip message's validation (feeds peer scoring).
+    pub async fn report(
+        &self,
+        message_id: libp2p::gossipsub::MessageId,
+        source: PeerId,
+        acceptance: MessageAcceptance,
+    ) {
+        let _ = self.send(Command::Report { message_id, source, acceptance }).await;
+    }
+
+    /// Lowers a peer's application score (misbehaviour seen outside gossip).
+    pub async fn penalize(&self, peer: PeerId) {
+        let _ = self.send(Command::Penalize { peer }).await;
+    }
+
+    /// Dials an address.
+    pub async fn dial(&self, addr: Multiaddr) -> Result<(), String> {
+        self.send(Command::Dial(addr)).await
+    }
+
+    /// Listens through a relay (reservation) at `relay` (with /p2p/).
+    pub async fn listen_via_relay(&self, relay: Multiaddr) -> Result<(), String> {
+        self.send(Command::ListenRelay(relay)).await
+    }
+
+    /// A snapshot of the network.
+    pub async fn info(&self) -> Result<NetInfo, String> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Info(tx)).await?;
+        rx.await.map_err(|_| "the network task stopped".to_string())
+    }
+
+    /// Stops the network task.
+    pub async fn shutdown(&self) {
+        let _ = self.send(Command::Shutdown).await;
+    }
+}

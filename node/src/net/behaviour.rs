@@ -1,0 +1,110 @@
+//! The libp2p behaviours a node runs.
+
+use std::time::Duration;
+
+use libp2p::{
+    StreamProtocol, autonat, dcutr,
+    gossipsub::{
+        self, IdentTopic, MessageAuthenticity, PeerScoreParams, PeerScoreThresholds, TopicScoreParams, ValidationMode,
+    },
+    identify, kad, mdns, ping, relay, request_response,
+    swarm::{NetworkBehaviour, behaviour::toggle::Toggle},
+};
+
+use super::{Config, KAD_PROTOCOL, PROTOCOL_VERSION, REQUEST_PROTOCOL, REQUEST_TIMEOUT, WireCodec};
+
+/// Every behaviour of a ragtag node.
+#[derive(NetworkBehaviour)]
+pub struct NodeBehaviour {
+    /// Announcements, heartbeats, receipts.
+    pub gossipsub: gossipsub::Behaviour,
+    /// Peer discovery.
+    pub kad: kad::Behaviour<kad::store::MemoryStore>,
+    /// Addresses and protocols of peers (standard config).
+    pub identify: identify::Behaviour,
+    /// Liveness.
+    pub ping: ping::Behaviour,
+    /// Payloads, state, manifests, anti-entropy.
+    pub rr: request_response::Behaviour<WireCodec>,
+    /// LAN discovery (opt-in).
+    pub mdns: Toggle<mdns::tokio::Behaviour>,
+    /// Reservations and circuits through relays.
+    pub relay_client: relay::client::Behaviour,
+    /// Serving as a relay (bootstrap nodes).
+    pub relay: Toggle<relay::Behaviour>,
+    /// Hole punching.
+    pub dcutr: dcutr::Behaviour,
+    /// Are we publicly reachable?
+    pub autonat: autonat::Behaviour,
+}
+
+impl std::fmt::Debug for NodeBehaviour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeBehaviour").field("mdns", &self.mdns.is_enabled()).finish_non_exhaustive()
+    }
+}
+
+/// gossipsub's frame limit: every node of a run must use the same one.
+pub(crate) const GOSSIP_MAX_TRANSMIT: usize = 64 * 1024;
+
+pub(crate) fn build(
+    key: &libp2p::identity::Keypair,
+    relay_client: relay::client::Behaviour,
+    cfg: &Config,
+) -> Result<NodeBehaviour, Box<dyn std::error::Error + Send + Sync>> {
+    let peer_id = key.public().to_peer_id();
+    let gs_config = gossipsub::ConfigBuilder::default()
+        .validation_mode(ValidationMode::Strict)
+        .validate_messages()
+        .max_transmit_size(GOSSIP_MAX_TRANSMIT)
+        .heartbeat_interval(Duration::from_secs(1))
+        .message_id_fn(|m: &gossipsub::Message| gossipsub::MessageId::from(blake3::hash(&m.data).as_bytes().to_vec()))
+        .build()?;
+    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gs_config)?;
+    let topic = IdentTopic::new(cfg.topic.clone());
+    let mut params = PeerScoreParams::default();
+    params.topics.insert(
+        topic.hash(),
+        TopicScoreParams { topic_weight: 1.0, invalid_message_deliveries_weight: -100.0, ..Default::default() },
+    );
+    gossipsub.with_peer_score(params, PeerScoreThresholds::default())?;
+    gossipsub.subscribe(&topic)?;
+
+    let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+    kad_config.set_query_timeout(Duration::from_secs(30));
+    let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
+    // Loopback and LAN swarms never get a "confirmed external address":
+    // serve Kademlia anyway so peers can find each other.
+    kad.set_mode(Some(kad::Mode::Server));
+
+    let identify = identify::Behaviour::new(
+        identify::Config::new(PROTOCOL_VERSION.to_string(), key.public())
+            .with_agent_version(format!("ragtag/{}", env!("CARGO_PKG_VERSION"))),
+    );
+    let rr = request_response::Behaviour::with_codec(
+        WireCodec,
+        [(StreamProtocol::new(REQUEST_PROTOCOL), request_response::ProtocolSupport::Full)],
+        request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT).with_max_concurrent_streams(256),
+    );
+    let mdns = if cfg.mdns { Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?) } else { None };
+    let relay = cfg.relay_server.then(|| {
+        let mut r = relay::Behaviour::new(peer_id, relay::Config::default());
+        r.set_status(Some(relay::Status::Enable));
+        r
+    });
+    Ok(NodeBehaviour {
+        gossipsub,
+        kad,
+        identify,
+        ping: ping::Behaviour::new(ping::Config::new().with_interval(Duration::from_secs(15))),
+        rr,
+        mdns: Toggle::from(mdns),
+        relay_client,
+        relay: Toggle::from(relay),
+        dcutr: dcutr::Behaviour::new(peer_id),
+        autonat: autonat::Behaviour::new(
+            peer_id,
+            autonat::Config { only_global_ips: false, boot_delay: Duration::from_secs(2), ..Default::default() },
+        ),
+    })
+}

@@ -1,0 +1,335 @@
+//! The network task: owns the swarm, serves commands, forwards events.
+
+use std::collections::{BTreeMap, HashMap};
+
+use futures::StreamExt;
+use libp2p::{
+    Multiaddr, PeerId, Swarm, autonat,
+    gossipsub::{self, IdentTopic},
+    identify, kad, mdns,
+    metrics::{Metrics, Recorder},
+    multiaddr::Protocol,
+    relay, request_response,
+    swarm::SwarmEvent,
+};
+use ragtag_protocol::wire::{ErrorReply, Message};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetInfo, NodeBehaviour, NodeBehaviourEvent,
+};
+
+/// Inbound requests awaiting our response at most.
+const MAX_PENDING_RESPONSES: usize = 1024;
+/// Outbound requests in flight at most.
+const MAX_INFLIGHT_REQUESTS: usize = 1024;
+/// Peers we dial on our own (discovery) at most.
+const MAX_DIALED_PEERS: usize = 64;
+
+/// Starts the network task.
+pub fn spawn(
+    cfg: Config,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<(Client, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>), String> {
+    let mut swarm = super::transport::build_swarm(&cfg, registry).map_err(|e| format!("building the swarm: {e}"))?;
+    let metrics = Metrics::new(registry);
+    for addr in &cfg.listen {
+        swarm.listen_on(addr.clone()).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    }
+    for addr in &cfg.bootstrap {
+        if let Some(peer) = peer_of(addr) {
+            swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+        }
+        if let Err(e) = swarm.dial(addr.clone()) {
+            tracing::warn!("cannot dial bootstrap {addr}: {e}");
+        }
+    }
+    let local = *swarm.local_peer_id();
+    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
+    let (ev_tx, ev_rx) = mpsc::channel(EVENT_CAPACITY);
+    let topic = IdentTopic::new(cfg.topic.clone());
+    let task = EventLoop {
+        swarm,
+        cfg,
+        topic,
+        metrics,
+        commands: cmd_rx,
+        events: ev_tx,
+        inbound: HashMap::new(),
+        outbound: HashMap::new(),
+        next_inbound: 0,
+        penalties: BTreeMap::new(),
+        listen: Vec::new(),
+    };
+    let handle = tokio::spawn(task.run());
+    Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
+}
+
+/// The /p2p/ peer id at the end of an address.
+pub fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().find_map(|p| if let Protocol::P2p(id) = p { Some(id) } else { None })
+}
+
+fn is_loopback(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| match p {
+        Protocol::Ip4(ip) => ip.is_loopback(),
+        Protocol::Ip6(ip) => ip.is_loopback(),
+        _ => false,
+    })
+}
+
+struct EventLoop {
+    swarm: Swarm<NodeBehaviour>,
+    cfg: Config,
+    topic: IdentTopic,
+    metrics: Metrics,
+    commands: mpsc::Receiver<Command>,
+    events: mpsc::Sender<Event>,
+    inbound: HashMap<u64, request_response::ResponseChannel<Message>>,
+    outbound: HashMap<request_response::OutboundRequestId, oneshot::Sender<Result<Message, String>>>,
+    next_inbound: u64,
+    penalties: BTreeMap<PeerId, u32>,
+    listen: Vec<Multiaddr>,
+}
+
+impl EventLoop {
+    async fn run(mut self) {
+        let mut bootstrap = tokio::time::interval(std::time::Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Shutdown) | None => break,
+                    Some(c) => self.on_command(c),
+                },
+                _ = bootstrap.tick() => {
+                    if self.swarm.connected_peers().next().is_some() {
+                        let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                    }
+                }
+            }
+        }
+    }
+
+    fn emit(&self, ev: Event) {
+        if let Err(e) = self.events.try_send(ev) {
+            tracing::warn!("node event queue full, dropping an event: {e}");
+        }
+    }
+
+    /// Addresses peers report are dialed only on loopback, unless the user
+    /// opted into real networks (`--listen` beyond loopback, `--mdns`).
+    fn may_dial(&self, addr: &Multiaddr) -> bool {
+        self.cfg.dial_remote || is_loopback(addr)
+    }
+
+    fn on_command(&mut self, c: Command) {
+        let b = self.swarm.behaviour_mut();
+        match c {
+            Command::Publish(data) => {
+                if let Err(e) = b.gossipsub.publish(self.topic.clone(), data) {
+                    // Alone in the swarm is normal at start; anything else is worth a line.
+                    if !matches!(e, gossipsub::PublishError::NoPeersSubscribedToTopic) {
+                        tracing::debug!("gossip publish: {e}");
+                    }
+                }
+            }
+            Command::Request { peer, message, reply } => {
+                if self.outbound.len() >= MAX_INFLIGHT_REQUESTS {
+                    let _ = reply.send(Err("too many requests in flight".into()));
+                    return;
+                }
+                let id = b.rr.send_request(&peer, message);
+                self.outbound.insert(id, reply);
+            }
+            Command::Respond { id, message } => {
+                if let Some(ch) = self.inbound.remove(&id) {
+                    let _ = b.rr.send_response(ch, message);
+                }
+            }
+            Command::Report { message_id, source, acceptance } => {
+                b.gossipsub.report_message_validation_result(&message_id, &source, acceptance);
+            }
+            Command::Penalize { peer } => {
+                let n = self.penalties.entry(peer).or_insert(0);
+                *n += 1;
+                b.gossipsub.set_application_score(&peer, -10.0 * *n as f64);
+            }
+            Command::Dial(addr) => {
+                if let Err(e) = self.swarm.dial(addr.clone()) {
+                    self.emit(Event::DialFailed { peer: peer_of(&addr), error: e.to_string() });
+                }
+            }
+            Command::ListenRelay(addr) => {
+                if let Err(e) = self.swarm.listen_on(addr.clone().with(Protocol::P2pCircuit)) {
+                    tracing::warn!("cannot listen via relay {addr}: {e}");
+                }
+            }
+            Command::Info(reply) => {
+                let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+                let gs = &self.swarm.behaviour().gossipsub;
+                let scores = connected.iter().filter_map(|p| gs.peer_score(p).map(|s| (*p, s))).collect();
+                let mesh = gs.mesh_peers(&self.topic.hash()).count();
+                let _ = reply.send(NetInfo { connected, listen: self.listen.clone(), scores, mesh });
+            }
+            Command::Shutdown => {}
+        }
+    }
+
+    fn on_swarm_event(&mut self, ev: SwarmEvent<NodeBehaviourEvent>) {
+        self.metrics.record(&ev);
+        match ev {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let full = address.with(Protocol::P2p(*self.swarm.local_peer_id()));
+                self.listen.push(full.clone());
+                self.emit(Event::Listening(full));
+            }
+            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
+                if !self.cfg.allow.is_empty() && !self.cfg.allow.contains(&peer_id) {
+                    let _ = self.swarm.disconnect_peer_id(peer_id);
+                    self.emit(Event::NotAllowed(peer_id));
+                    return;
+                }
+                if num_established.get() == 1 {
+                    self.emit(Event::Connected(peer_id));
+                }
+            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => self.emit(Event::Disconnected(peer_id)),
+            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
+                let mut error = error.to_string();
+                if let Some(psk) = self.cfg.swarm_key {
+                    error = format!(
+                        "{error} (this is a private swarm: a peer with another swarm key cannot complete the handshake; our key's fingerprint is {})",
+                        psk.fingerprint()
+                    );
+                }
+                self.emit(Event::DialFailed { peer: peer_id, error });
+            }
+            SwarmEvent::IncomingConnectionError { error, send_back_addr, .. } => {
+                tracing::debug!("incoming connection from {send_back_addr} failed: {error}");
+            }
+            SwarmEvent::Behaviour(b) => self.on_behaviour_event(b),
+            _ => {}
+        }
+    }
+
+    fn on_behaviour_event(&mut self, ev: NodeBehaviourEvent) {
+        match ev {
+            NodeBehaviourEvent::Gossipsub(e) => {
+                self.metrics.record(&e);
+                if let gossipsub::Event::Message { propagation_source, message_id, message } = e {
+                    if self.events.capacity() == 0 {
+                        self.swarm.behaviour_mut().gossipsub.report_message_validation_result(
+                            &message_id,
+                            &propagation_source,
+                            gossipsub::MessageAcceptance::Ignore,
+                        );
+                        return;
+                    }
+                    self.emit(Event::Gossip { propagation_source, message_id, data: message.data });
+                }
+            }
+            NodeBehaviourEvent::Rr(e) => self.on_request_response(e),
+            NodeBehaviourEvent::Identify(e) => {
+                self.metrics.record(&e);
+                if let identify::Event::Received { peer_id, info, .. } = e {
+                    for addr in info.listen_addrs {
+                        if self.may_dial(&addr) {
+                            self.swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                        }
+                    }
+                }
+            }
+            NodeBehaviourEvent::Kad(e) => {
+                self.metrics.record(&e);
+                if let kad::Event::RoutingUpdated { peer, addresses, .. } = e
+                    && !self.swarm.is_connected(&peer)
+                    && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
+                    && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer))
+                {
+                    let addrs: Vec<Multiaddr> = addresses.iter().filter(|a| self.may_dial(a)).cloned().collect();
+                    if !addrs.is_empty() {
+                        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
+                        let _ = self.swarm.dial(opts);
+                    }
+                }
+            }
+            NodeBehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
+                for (peer, addr) in found {
+                    self.swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
+                    if !self.swarm.is_connected(&peer) {
+                        let _ = self.swarm.dial(addr);
+                    }
+                }
+            }
+            NodeBehaviourEvent::Ping(e) => self.metrics.record(&e),
+            NodeBehaviourEvent::Dcutr(e) => self.metrics.record(&e),
+            NodeBehaviourEvent::Relay(e) => self.metrics.record(&e),
+            NodeBehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted { relay_peer_id, .. }) => {
+                self.emit(Event::RelayReserved(relay_peer_id));
+            }
+            NodeBehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
+                let s = match new {
+                    autonat::NatStatus::Public(_) => "public",
+                    autonat::NatStatus::Private => "private",
+                    autonat::NatStatus::Unknown => "unknown",
+                };
+                self.emit(Event::Reachability(s.into()));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_request_response(&mut self, e: request_response::Event<Message, Message>) {
+        match e {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request { request, channel, .. } => {
+                    if self.inbound.len() >= MAX_PENDING_RESPONSES || self.events.capacity() == 0 {
+                        let _ = self
+                            .swarm
+                            .behaviour_mut()
+                            .rr
+                            .send_response(channel, Message::Error(ErrorReply::BadRequest));
+                        return;
+                    }
+                    self.next_inbound += 1;
+                    let id = self.next_inbound;
+                    self.inbound.insert(id, channel);
+                    self.emit(Event::Request { peer, id, message: request });
+                }
+                request_response::Message::Response { request_id, response } => {
+                    if let Some(reply) = self.outbound.remove(&request_id) {
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure { request_id, error, .. } => {
+                if let Some(reply) = self.outbound.remove(&request_id) {
+                    let _ = reply.send(Err(error.to_string()));
+                }
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                if let request_response::InboundFailure::Io(e) = error {
+                    self.emit(Event::BadRequest { peer, error: e.to_string() });
+                }
+            }
+            request_response::Event::ResponseSent { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_classified() {
+        let a: Multiaddr =
+            "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA".parse().unwrap();
+        assert!(is_loopback(&a));
+        assert!(peer_of(&a).is_some());
+        let b: Multiaddr = "/ip4/10.1.2.3/tcp/1".parse().unwrap();
+        assert!(!is_loopback(&b));
+        assert!(peer_of(&b).is_none());
+    }
+}

@@ -1,0 +1,486 @@
+//! The node's event loop: drives the engine with wall-clock time, moves its
+//! outputs to the network, the trainer and the ledger, and feeds it what
+//! arrives. No algorithm logic lives here.
+
+mod fetch;
+mod inbound;
+mod outputs;
+pub mod startup;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use libp2p::{Multiaddr, PeerId};
+use ragtag_models::{TrainerConfig, data::Shard, device::DeviceChoice};
+use ragtag_protocol::{
+    Keypair, NodeId,
+    engine::{Engine, Input},
+    ids::{Hash32, UpdateId},
+    ledger::{LedgerWriter, RecordKind, SignedRecord},
+    manifest::Manifest,
+    time::Micros,
+    validate::{RejectReason, UpdateValidator},
+    wire::UpdateAnnouncement,
+};
+use tokio::sync::mpsc;
+
+use crate::{
+    checkpoint, identity,
+    ledger::SledLedger,
+    metrics::{Endpoint, NodeMetrics},
+    net,
+    payload_store::PayloadStore,
+    status::Status,
+    trainer_thread::{self, TrainerCommand, TrainerHandle, TrainerReply},
+};
+
+/// Internal results queued at most (fetches finishing).
+const INTERNAL_CAPACITY: usize = 1024;
+/// Distinct (peer, reason) pairs logged at most.
+const MAX_LOGGED_REJECTIONS: usize = 10_000;
+/// Announcements remembered for validating fetched payloads at most.
+const MAX_ANNOUNCED: usize = 4096;
+
+/// Everything `ragtag run` decided.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The run.
+    pub manifest: Manifest,
+    /// Our key.
+    pub key: Keypair,
+    /// Our state directory (locked by the caller).
+    pub state: PathBuf,
+    /// The data file.
+    pub data: Option<PathBuf>,
+    /// The device.
+    pub device: DeviceChoice,
+    /// Phase slowdown factor.
+    pub slowdown: f32,
+    /// Metrics/status address.
+    pub metrics: Option<SocketAddr>,
+    /// Stop after this many rounds.
+    pub max_rounds: Option<u64>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Stop at this held-out loss.
+    pub target_loss: Option<f32>,
+    /// Evaluate every this many rounds.
+    pub eval_every: u64,
+    /// Checkpoint every this many rounds.
+    pub checkpoint_every: u64,
+    /// JSON lines on stdout.
+    pub json: bool,
+    /// The network's configuration (keypair, topic, addresses, key...).
+    pub net: net::Config,
+    /// Allowed contributors (private swarms); `None` = anyone.
+    pub allow: Option<BTreeSet<NodeId>>,
+}
+
+/// Results of background tasks, back on the loop.
+#[derive(Debug)]
+pub(crate) enum Internal {
+    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, String> },
+    Announcement { from: NodeId, result: Result<ragtag_protocol::Signed<UpdateAnnouncement>, String> },
+    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, String> },
+    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, String> },
+}
+
+/// Wall-clock now, in the engine's time.
+pub fn now() -> Micros {
+    Micros(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64))
+}
+
+/// How a node run ended.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    /// Why it stopped.
+    pub reason: String,
+    /// Rounds completed.
+    pub rounds: u64,
+    /// Latest held-out loss.
+    pub eval_loss: Option<f32>,
+    /// Updates applied.
+    pub applied: u64,
+}
+
+pub(crate) struct Node {
+    opts: NodeOptions,
+    me: NodeId,
+    engine: Engine,
+    validator: UpdateValidator,
+    ledger: SledLedger,
+    writer: LedgerWriter,
+    pending_records: Vec<SignedRecord>,
+    trainer: TrainerHandle,
+    net: net::Client,
+    internal_tx: mpsc::Sender<Internal>,
+    store: PayloadStore,
+    announced: BTreeMap<UpdateId, (UpdateAnnouncement, ragtag_protocol::Signed<UpdateAnnouncement>)>,
+    metrics: NodeMetrics,
+    status: Arc<RwLock<Status>>,
+    logged: BTreeSet<(PeerId, RejectReason)>,
+    rejected: BTreeMap<String, u64>,
+    state_snapshot: Option<(Hash32, Arc<Vec<u8>>, Instant)>,
+    started: Instant,
+    busy_s: f64,
+    connected: BTreeSet<PeerId>,
+    listen: Vec<Multiaddr>,
+    reachability: String,
+    eval: Option<ragtag_models::EvalResult>,
+    last_checkpoint_round: u64,
+    ledger_records: u64,
+    bytes_out: u64,
+    bytes_in: u64,
+}
+
+/// Runs a node until a stop condition or a signal.
+pub async fn run(opts: NodeOptions) -> Result<Outcome> {
+    let manifest = opts.manifest.clone();
+    let run_id = manifest.run_id();
+    let me = opts.key.node_id();
+
+    // Metrics first: the swarm registers libp2p's into the same registry.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = NodeMetrics::register(&mut registry);
+    let (net, mut net_events, net_task) = net::spawn(opts.net.clone(), &mut registry).map_err(anyhow::Error::msg)?;
+    let registry = Arc::new(Mutex::new(registry));
+    let status = Arc::new(RwLock::new(Status::default()));
+    if let Some(addr) = opts.metrics {
+        let bound = crate::metrics::serve(addr, Endpoint { registry: registry.clone(), status: status.clone() })
+            .await
+            .with_context(|| format!("serving metrics on {addr}"))?;
+        tracing::info!("metrics and status on http://{bound}/metrics and /status");
+    }
+
+    // The ledger, continuing our own chain.
+    let ledger = SledLedger::open(&opts.state.join("ledger")).context("opening the ledger")?;
+    let last = ragtag_protocol::ledger::LedgerStore::last(&ledger)?;
+    let writer = LedgerWriter::resume(opts.key.clone(), run_id, last.as_ref()).map_err(anyhow::Error::msg)?;
+    let last_round = ragtag_protocol::ledger::LedgerStore::records(&ledger)?
+        .iter()
+        .rev()
+        .filter_map(|r| r.decode_unverified().ok())
+        .find_map(|b| if let RecordKind::Contribution { round, .. } = b.kind { Some(round) } else { None });
+
+    // The trainer, on its own thread.
+    let (trainer_tx, mut trainer_rx) = mpsc::channel(8);
+    let node_seed = u64::from_le_bytes(me.0[..8].try_into().expect("8 bytes"));
+    let trainer_cfg = TrainerConfig {
+        model: manifest.model.clone(),
+        data: manifest.data.clone(),
+        training: manifest.training,
+        seed: manifest.seed,
+        node_seed,
+        shard: Shard::ALL,
+        data_path: opts.data.clone(),
+        device: opts.device,
+        micro_batch: None,
+    };
+    let slowdown = opts.slowdown;
+    let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, slowdown, trainer_tx))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    if let Some(reason) = &trainer.info.fallback_reason {
+        tracing::info!("{reason}");
+    }
+    tracing::info!(
+        "device {}, {:.0} inner steps/s{}",
+        trainer.info.device,
+        trainer.info.steps_per_s,
+        if opts.slowdown > 1.0 { format!(" (slowed down {}x)", opts.slowdown) } else { String::new() }
+    );
+
+    // Wait briefly for our addresses and the bootstrap connections.
+    let mut listen = Vec::new();
+    let mut connected = BTreeSet::new();
+    let settle = tokio::time::sleep(Duration::from_millis(if opts.net.bootstrap.is_empty() { 300 } else { 3000 }));
+    tokio::pin!(settle);
+    let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
+    loop {
+        tokio::select! {
+            _ = &mut settle => break,
+            Some(ev) = net_events.recv() => match ev {
+                net::Event::Listening(a) => listen.push(a),
+                net::Event::Connected(p) => { connected.insert(p); if want.is_subset(&connected) { break; } }
+                net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
+                _ => {}
+            }
+        }
+    }
+    print_join_hint(&manifest, &listen);
+
+    // The engine: resumed, joined or fresh.
+    let seed = manifest.seed ^ node_seed;
+    let peers: Vec<PeerId> = connected.iter().copied().collect();
+    let (mut engine, origin) = startup::engine(startup::EngineSetup {
+        manifest: &manifest,
+        key: &opts.key,
+        state: &opts.state,
+        initial: trainer.info.initial.clone(),
+        speed: trainer.info.steps_per_s,
+        seed,
+        peers,
+        net: &net,
+    })
+    .await?;
+    if origin == startup::Origin::Resumed {
+        let path = opts.state.join(checkpoint::TRAINER_FILE);
+        if path.exists() {
+            trainer.send(TrainerCommand::Restore(path)).map_err(anyhow::Error::msg)?;
+        }
+    }
+    if let Some(r) = last_round {
+        engine.advance_round_to(r + 1);
+    }
+    tracing::info!("{:?} at round {} of run {} ({})", origin, engine.round(), manifest.name, run_id);
+
+    let (internal_tx, mut internal_rx) = mpsc::channel(INTERNAL_CAPACITY);
+    let num_values = trainer.info.initial.len() as u64;
+    let mut node = Node {
+        validator: UpdateValidator::new(run_id, num_values, opts.allow.clone()),
+        me,
+        engine,
+        ledger,
+        writer,
+        pending_records: Vec::new(),
+        trainer,
+        net: net.clone(),
+        internal_tx,
+        store: PayloadStore::new(4096, 512 << 20),
+        announced: BTreeMap::new(),
+        metrics,
+        status,
+        logged: BTreeSet::new(),
+        rejected: BTreeMap::new(),
+        state_snapshot: None,
+        started: Instant::now(),
+        busy_s: 0.0,
+        connected,
+        listen,
+        reachability: "unknown".into(),
+        eval: None,
+        last_checkpoint_round: 0,
+        ledger_records: 0,
+        bytes_out: 0,
+        bytes_in: 0,
+        opts,
+    };
+    node.engine.handle(now(), Input::Start);
+    node.drain().await;
+
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let reason = loop {
+        let timeout = node.engine.poll_timeout().map(|t| Duration::from_micros(t.0.saturating_sub(now().0)));
+        let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
+        tokio::select! {
+            _ = sleep => node.engine.handle_timeout(now()),
+            Some(ev) = net_events.recv() => node.on_net_event(ev).await,
+            Some(reply) = trainer_rx.recv() => node.on_trainer(reply),
+            Some(i) = internal_rx.recv() => node.on_internal(i).await,
+            _ = tick.tick() => {
+                node.refresh_status();
+                if let Some(reason) = node.stop_reason() { break reason; }
+            }
+            _ = tokio::signal::ctrl_c() => break "interrupted (SIGINT)".to_string(),
+            _ = sigterm.recv() => break "terminated (SIGTERM)".to_string(),
+        }
+        node.drain().await;
+        if let Some(reason) = node.stop_reason() {
+            break reason;
+        }
+    };
+    node.shutdown(&reason).await;
+    let outcome = Outcome {
+        reason,
+        rounds: node.engine.stats().rounds,
+        eval_loss: node.eval.map(|e| e.loss),
+        applied: node.engine.stats().applied,
+    };
+    if node.opts.json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": "exit", "outcome": &outcome, "status": &*node.status.read().expect("status lock") })
+        );
+    }
+    net.shutdown().await;
+    let _ = net_task.await;
+    node.trainer.shutdown();
+    Ok(outcome)
+}
+
+fn print_join_hint(m: &Manifest, listen: &[Multiaddr]) {
+    let Some(addr) = listen.iter().find(|a| a.to_string().contains("/tcp/")).or(listen.first()) else { return };
+    let builtin = ragtag_protocol::engine::Strategy::ALL.iter().any(|s| Manifest::builtin(*s) == *m);
+    let how = if builtin {
+        if m.engine.strategy == ragtag_protocol::engine::Strategy::Gopals {
+            String::new()
+        } else {
+            format!(" --strategy {}", m.engine.strategy)
+        }
+    } else {
+        format!(" --run-id {}", m.run_id())
+    };
+    eprintln!("listening on {addr}\nto add a node from another terminal:\n    ragtag run --bootstrap {addr}{how}");
+}
+
+impl Node {
+    fn stop_reason(&self) -> Option<String> {
+        let rounds = self.engine.stats().rounds;
+        if self.opts.max_rounds.is_some_and(|m| rounds >= m) {
+            return Some(format!("reached {rounds} rounds"));
+        }
+        if self.opts.duration.is_some_and(|d| self.started.elapsed() >= d) {
+            return Some("duration elapsed".into());
+        }
+        if let (Some(t), Some(e)) = (self.opts.target_loss, self.eval)
+            && e.loss <= t
+        {
+            return Some(format!("held-out loss {:.4} reached the target {t}", e.loss));
+        }
+        None
+    }
+
+    fn on_trainer(&mut self, reply: TrainerReply) {
+        match reply {
+            TrainerReply::PhaseDone { result, total_s, .. } => {
+                self.busy_s += total_s;
+                self.metrics.rounds.inc();
+                self.metrics.steps.inc_by(result.steps as u64);
+                self.metrics.samples.inc_by(result.samples);
+                if result.loss.is_finite() {
+                    self.metrics.train_loss.set(result.loss as f64);
+                }
+                let round = result.round;
+                self.engine.handle(now(), Input::LocalPhaseDone(result));
+                if self.opts.eval_every > 0 && (round + 1).is_multiple_of(self.opts.eval_every) {
+                    let params = self.engine.anchor_arc();
+                    if let Err(e) = self.trainer.send(TrainerCommand::Evaluate { params, tag: round }) {
+                        tracing::debug!("evaluation skipped: {e}");
+                    }
+                }
+                if self.opts.checkpoint_every > 0
+                    && round + 1 >= self.last_checkpoint_round + self.opts.checkpoint_every
+                {
+                    self.last_checkpoint_round = round + 1;
+                    self.checkpoint();
+                }
+                if self.opts.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "event": "round", "round": round, "t": self.started.elapsed().as_secs_f64(),
+                            "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
+                            "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
+                            "live": self.engine.live_nodes(), "peers": self.connected.len(),
+                        })
+                    );
+                }
+            }
+            TrainerReply::Evaluated { result, .. } => {
+                self.metrics.eval_loss.set(result.loss as f64);
+                self.eval = Some(result);
+            }
+            TrainerReply::Checkpointed(Ok(path)) => tracing::debug!("trainer state saved to {}", path.display()),
+            TrainerReply::Checkpointed(Err(e)) => tracing::warn!("trainer checkpoint failed: {e}"),
+            TrainerReply::Failed(e) => tracing::error!("trainer: {e}"),
+        }
+    }
+
+    /// Writes the engine checkpoint and asks the trainer to save its state.
+    fn checkpoint(&mut self) {
+        let ck = self.engine.checkpoint();
+        match checkpoint::save_engine(&self.opts.state, self.engine.run_id(), now().0 / 1000, &ck) {
+            Ok(()) => {
+                let anchor_hash =
+                    Hash32::of(&ck.replica.anchor.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+                self.record(RecordKind::Checkpoint { round: ck.round, anchor_hash });
+            }
+            Err(e) => tracing::warn!("checkpoint failed: {e}"),
+        }
+        let path = self.opts.state.join(checkpoint::TRAINER_FILE);
+        if let Err(e) = self.trainer.send(TrainerCommand::Checkpoint(path)) {
+            tracing::debug!("trainer checkpoint skipped: {e}");
+        }
+    }
+
+    fn record(&mut self, kind: RecordKind) {
+        let r = self.writer.next(now().0 / 1000, kind);
+        self.pending_records.push(r);
+    }
+
+    /// Counts and logs (once per peer and reason) a rejected input.
+    fn reject(&mut self, peer: Option<PeerId>, reason: RejectReason, what: &str) {
+        self.metrics.reject(reason.name());
+        *self.rejected.entry(reason.name().to_string()).or_insert(0) += 1;
+        let key = (peer.unwrap_or(self.net.local_peer_id()), reason);
+        if self.logged.len() < MAX_LOGGED_REJECTIONS && self.logged.insert(key) {
+            tracing::warn!("rejected {what} from {}: {reason}", peer.map_or("?".into(), |p| p.to_string()));
+        }
+    }
+
+    async fn shutdown(&mut self, reason: &str) {
+        tracing::info!("stopping: {reason}");
+        self.engine.handle(now(), Input::Leave);
+        self.drain().await;
+        self.checkpoint();
+        self.flush_records().await;
+        self.refresh_status();
+        // Give the final heartbeat and records a moment to leave.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    fn refresh_status(&mut self) {
+        let stats = self.engine.stats();
+        let uptime = self.started.elapsed().as_secs_f64();
+        let utilisation = if uptime > 0.0 { (self.busy_s / uptime).min(1.0) } else { 0.0 };
+        self.metrics.connected_peers.set(self.connected.len() as i64);
+        self.metrics.live_nodes.set(self.engine.live_nodes() as i64);
+        self.metrics.utilisation.set(utilisation);
+        self.metrics.speed.set(self.engine.speed() as f64);
+        let state = if self.engine.is_training() { "training" } else { "waiting for the next round" };
+        let s = Status {
+            version: env!("CARGO_PKG_VERSION").into(),
+            node_id: self.me.to_hex(),
+            peer_id: self.net.local_peer_id().to_string(),
+            run_id: self.engine.run_id().to_string(),
+            run_name: self.opts.manifest.name.clone(),
+            strategy: self.opts.manifest.engine.strategy.name().into(),
+            device: self.trainer.info.device.clone(),
+            listen_addrs: self.listen.iter().map(|a| a.to_string()).collect(),
+            reachability: self.reachability.clone(),
+            uptime_s: uptime,
+            round: self.engine.round(),
+            outer_rounds: self.engine.outer_rounds(),
+            applied: stats.applied,
+            rejected: self.rejected.clone(),
+            connected_peers: self.connected.len(),
+            live_nodes: self.engine.live_nodes(),
+            speed: self.engine.speed(),
+            train_loss: stats.last_loss.is_finite().then_some(stats.last_loss).filter(|_| stats.rounds > 0),
+            eval_loss: self.eval.map(|e| e.loss),
+            eval_accuracy: self.eval.map(|e| e.accuracy),
+            utilisation,
+            bytes_out: self.bytes_out,
+            bytes_in: self.bytes_in,
+            ledger_records: self.ledger_records,
+            state: state.into(),
+        };
+        *self.status.write().expect("status lock") = s;
+    }
+
+    /// The NodeId behind a PeerId, if it is an ed25519 one.
+    fn node_of(peer: &PeerId) -> Option<NodeId> {
+        identity::node_id(peer)
+    }
+
+    fn peer_of(node: &NodeId) -> Option<PeerId> {
+        identity::peer_id(node)
+    }
+}

@@ -1,0 +1,148 @@
+//! Pulling things from peers by request-response: payloads and replica
+//! state in chunks (each checked against its hash), manifests, missed
+//! announcements, anti-entropy digests.
+
+use libp2p::PeerId;
+use ragtag_protocol::{
+    engine::ReplicaState,
+    identity::Signed,
+    ids::{Hash32, RunId, UpdateId},
+    manifest::Manifest,
+    wire::{Chunk, MAX_CHUNK_BYTES, Message, PayloadRequest, ReplicaDigest, StateRequest, UpdateAnnouncement},
+};
+
+use crate::net::Client;
+
+/// Largest replica state we accept (anchor, momentum, buffers of a 5M
+/// parameter model fit comfortably).
+pub(crate) const MAX_STATE_BYTES: u64 = 1 << 30;
+
+fn unexpected(m: &Message) -> String {
+    match m {
+        Message::Error(e) => format!("peer answered {e:?}"),
+        other => format!("unexpected answer {:?}", other.kind()),
+    }
+}
+
+/// Reassembles a chunked object: chunks must agree on size and hash, come
+/// in order, and the whole must hash to what they claim.
+async fn fetch_chunked(
+    net: &Client,
+    peer: PeerId,
+    max_total: u64,
+    mut request: impl FnMut(u64, Hash32) -> Message,
+    extract: impl Fn(Message) -> Result<Chunk, String>,
+) -> Result<(Vec<u8>, Hash32), String> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut expected: Option<(u64, Hash32)> = None;
+    loop {
+        let hash = expected.map_or(Hash32::default(), |(_, h)| h);
+        let chunk = extract(net.request(peer, request(buf.len() as u64, hash)).await?)?;
+        let (total, hash) = *expected.get_or_insert((chunk.total_len, chunk.hash));
+        if chunk.total_len != total || chunk.hash != hash || chunk.offset != buf.len() as u64 {
+            return Err("inconsistent chunks".into());
+        }
+        if total > max_total || buf.len() as u64 + chunk.bytes.len() as u64 > total {
+            return Err(format!("object of {total} bytes over the limit"));
+        }
+        if chunk.bytes.is_empty() && (buf.len() as u64) < total {
+            return Err("empty chunk before the end".into());
+        }
+        buf.extend_from_slice(&chunk.bytes);
+        if buf.len() as u64 == total {
+            if Hash32::of(&buf) != hash {
+                return Err("object does not match its hash".into());
+            }
+            return Ok((buf, hash));
+        }
+    }
+}
+
+/// A payload of `len` bytes from `peer`.
+pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) -> Result<Vec<u8>, String> {
+    let (bytes, _) = fetch_chunked(
+        net,
+        peer,
+        len,
+        |offset, _| Message::PayloadRequest(PayloadRequest { id, offset, max_len: MAX_CHUNK_BYTES as u32 }),
+        |m| match m {
+            Message::PayloadChunk(c) => Ok(c),
+            other => Err(unexpected(&other)),
+        },
+    )
+    .await?;
+    Ok(bytes)
+}
+
+/// A peer's replica state, decoded (the caller verifies it against the manifest).
+pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<ReplicaState, String> {
+    let (bytes, _) = fetch_chunked(
+        net,
+        peer,
+        MAX_STATE_BYTES,
+        |offset, snapshot| {
+            Message::StateRequest(StateRequest { run_id, offset, max_len: MAX_CHUNK_BYTES as u32, snapshot })
+        },
+        |m| match m {
+            Message::StateChunk(c) => Ok(c),
+            other => Err(unexpected(&other)),
+        },
+    )
+    .await?;
+    postcard::from_bytes(&bytes).map_err(|e| format!("state does not decode: {e}"))
+}
+
+/// The manifest of `run_id`, checked against its hash.
+pub(crate) async fn manifest(net: &Client, peer: PeerId, run_id: RunId) -> Result<Manifest, String> {
+    match net.request(peer, Message::ManifestRequest(run_id)).await? {
+        Message::Manifest(bytes) => Manifest::decode_for_run(&bytes, run_id).map_err(|e| e.to_string()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// An announcement we missed.
+pub(crate) async fn announcement(
+    net: &Client,
+    peer: PeerId,
+    id: UpdateId,
+) -> Result<Signed<UpdateAnnouncement>, String> {
+    match net.request(peer, Message::AnnouncementRequest(id)).await? {
+        Message::Announce(s) => Ok(s),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Exchanges anti-entropy digests.
+pub(crate) async fn digest(net: &Client, peer: PeerId, mine: ReplicaDigest) -> Result<ReplicaDigest, String> {
+    match net.request(peer, Message::Digest(mine)).await? {
+        Message::Digest(d) => Ok(d),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The chunk of `bytes` starting at `offset`.
+pub(crate) fn chunk_of(bytes: &[u8], hash: Hash32, offset: u64, max_len: u32) -> Option<Chunk> {
+    let start = usize::try_from(offset).ok().filter(|s| *s <= bytes.len())?;
+    let len = (max_len as usize).min(MAX_CHUNK_BYTES).min(bytes.len() - start);
+    Some(Chunk { total_len: bytes.len() as u64, offset, hash, bytes: bytes[start..start + len].to_vec() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_object() {
+        let data: Vec<u8> = (0..2_500_000u32).map(|i| i as u8).collect();
+        let h = Hash32::of(&data);
+        let mut got = Vec::new();
+        while let Some(c) = chunk_of(&data, h, got.len() as u64, u32::MAX) {
+            if c.bytes.is_empty() {
+                break;
+            }
+            got.extend(c.bytes);
+        }
+        assert_eq!(got, data);
+        assert!(chunk_of(&data, h, data.len() as u64 + 1, 10).is_none());
+    }
+}

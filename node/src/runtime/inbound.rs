@@ -1,0 +1,294 @@
+//! What arrives from the network: gossip (validated before the engine sees
+//! it), requests (served from the engine and the payload store), and the
+//! results of our own fetches.
+
+use std::sync::Arc;
+
+use libp2p::{PeerId, gossipsub::MessageAcceptance};
+use ragtag_protocol::{
+    engine::Input,
+    ledger::{LedgerStore, RecordKind},
+    validate::RejectReason,
+    wire::{ErrorReply, Message, MessageKind, UpdateAnnouncement},
+};
+
+use super::{Internal, MAX_ANNOUNCED, Node, fetch, now};
+use crate::{net, payload_store::StoredUpdate};
+
+impl Node {
+    pub(crate) async fn on_net_event(&mut self, ev: net::Event) {
+        match ev {
+            net::Event::Gossip { propagation_source, message_id, data } => {
+                let acceptance = self.on_gossip(propagation_source, data).await;
+                self.net.report(message_id, propagation_source, acceptance).await;
+            }
+            net::Event::Request { peer, id, message } => {
+                let reply = self.on_request(peer, message);
+                self.bytes_out += reply.encode().len() as u64;
+                let _ = self.net.respond(id, reply).await;
+            }
+            net::Event::Listening(a) => self.listen.push(a),
+            net::Event::Connected(p) => {
+                self.connected.insert(p);
+            }
+            net::Event::Disconnected(p) => {
+                self.connected.remove(&p);
+            }
+            net::Event::DialFailed { peer, error } => {
+                tracing::warn!("cannot reach {}: {error}", peer.map_or("a peer".into(), |p| p.to_string()));
+            }
+            net::Event::Reachability(r) => {
+                tracing::info!("reachability: {r}");
+                self.reachability = r;
+            }
+            net::Event::RelayReserved(p) => {
+                tracing::info!("reservation accepted by relay {p}");
+                self.reachability = "relayed".into();
+            }
+            net::Event::NotAllowed(p) => self.reject(Some(p), RejectReason::NotAllowed, "a connection"),
+            net::Event::BadRequest { peer, error } => {
+                let reason = if error.contains("limit") { RejectReason::TooLarge } else { RejectReason::Malformed };
+                self.reject(Some(peer), reason, &format!("a request ({error})"));
+                self.net.penalize(peer).await;
+            }
+        }
+    }
+
+    /// Validates a gossip message and hands what is valid to the engine.
+    async fn on_gossip(&mut self, from: PeerId, data: Vec<u8>) -> MessageAcceptance {
+        self.bytes_in += data.len() as u64;
+        let msg = match Message::decode(&data) {
+            Ok(m) => m,
+            Err(e) => {
+                let reason = if matches!(e, ragtag_protocol::wire::DecodeError::TooLarge { .. }) {
+                    RejectReason::TooLarge
+                } else {
+                    RejectReason::Malformed
+                };
+                self.reject(Some(from), reason, "a gossip message");
+                return MessageAcceptance::Reject;
+            }
+        };
+        self.metrics
+            .bytes_in
+            .get_or_create(&crate::metrics::KindLabel { kind: msg.kind().name().into() })
+            .inc_by(data.len() as u64);
+        match msg {
+            Message::Announce(signed) => match self.validator.check_announcement(&signed) {
+                Ok(a) => {
+                    self.remember(&a, &signed);
+                    let src = a.id.src;
+                    self.engine.handle(now(), Input::Announcement { announcement: a, from: src });
+                    MessageAcceptance::Accept
+                }
+                Err(r) => {
+                    self.reject(Some(from), r, "an announcement");
+                    acceptance(r)
+                }
+            },
+            Message::Update { announcement, payload } => {
+                let a = match self.validator.check_announcement(&announcement) {
+                    Ok(a) => a,
+                    Err(r) => {
+                        self.reject(Some(from), r, "an update");
+                        return acceptance(r);
+                    }
+                };
+                match self.validator.check_payload(&a, &payload) {
+                    Ok(norm) => {
+                        if self.engine.has_applied(&a.id) {
+                            self.reject(Some(from), RejectReason::Replay, "an update");
+                            return MessageAcceptance::Reject;
+                        }
+                        self.validator.record_accepted_norm(norm);
+                        let payload = Arc::new(payload);
+                        self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone() });
+                        let src = a.id.src;
+                        self.engine.handle(now(), Input::Update { announcement: a, from: src, payload });
+                        MessageAcceptance::Accept
+                    }
+                    Err(r) => {
+                        self.reject(Some(from), r, "an update");
+                        acceptance(r)
+                    }
+                }
+            }
+            Message::Heartbeat(signed) => match signed.open() {
+                Ok(hb) if hb.run_id != self.engine.run_id() => {
+                    self.reject(Some(from), RejectReason::WrongRun, "a heartbeat");
+                    MessageAcceptance::Reject
+                }
+                Ok(hb) if !self.validator.is_allowed(&hb.src) => {
+                    self.reject(Some(from), RejectReason::NotAllowed, "a heartbeat");
+                    MessageAcceptance::Reject
+                }
+                Ok(hb) => {
+                    self.engine.handle(now(), Input::Heartbeat(hb));
+                    MessageAcceptance::Accept
+                }
+                Err(_) => {
+                    self.reject(Some(from), RejectReason::BadSignature, "a heartbeat");
+                    MessageAcceptance::Reject
+                }
+            },
+            Message::Receipt(record) => match record.open() {
+                Ok(body) if body.run_id != self.engine.run_id() => {
+                    self.reject(Some(from), RejectReason::WrongRun, "a receipt");
+                    MessageAcceptance::Reject
+                }
+                Ok(body) => {
+                    if let RecordKind::Receipt { update, .. } = &body.kind
+                        && update.src == self.me
+                        && body.signer != self.me
+                        && let Err(e) = self.ledger.keep_receipt(&record)
+                    {
+                        tracing::warn!("cannot keep a receipt: {e}");
+                    }
+                    MessageAcceptance::Accept
+                }
+                Err(_) => {
+                    self.reject(Some(from), RejectReason::BadSignature, "a receipt");
+                    MessageAcceptance::Reject
+                }
+            },
+            Message::Have(h) if h.run_id == self.engine.run_id() => {
+                if let Some(node) = Self::node_of(&from) {
+                    self.engine.handle(now(), Input::PayloadSource { id: h.id, from: node });
+                }
+                MessageAcceptance::Accept
+            }
+            Message::Have(_) => {
+                self.reject(Some(from), RejectReason::WrongRun, "a have");
+                MessageAcceptance::Reject
+            }
+            other => {
+                self.reject(Some(from), RejectReason::Malformed, &format!("a {} on gossip", other.kind().name()));
+                MessageAcceptance::Reject
+            }
+        }
+    }
+
+    fn remember(&mut self, a: &UpdateAnnouncement, signed: &ragtag_protocol::Signed<UpdateAnnouncement>) {
+        if self.announced.len() >= MAX_ANNOUNCED
+            && let Some(oldest) = self.announced.keys().next().copied()
+        {
+            self.announced.remove(&oldest);
+        }
+        self.announced.insert(a.id, (a.clone(), signed.clone()));
+    }
+
+    /// Serves a request.
+    fn on_request(&mut self, peer: PeerId, msg: Message) -> Message {
+        let run = self.engine.run_id();
+        if let Some(n) = Self::node_of(&peer)
+            && !self.validator.is_allowed(&n)
+        {
+            self.reject(Some(peer), RejectReason::NotAllowed, "a request");
+            return Message::Error(ErrorReply::BadRequest);
+        }
+        match msg {
+            Message::PayloadRequest(r) => match self.store.get(&r.id) {
+                Some(u) => {
+                    let hash = ragtag_protocol::ids::Hash32::of(&u.payload);
+                    fetch::chunk_of(&u.payload, hash, r.offset, r.max_len)
+                        .map_or(Message::Error(ErrorReply::BadRequest), Message::PayloadChunk)
+                }
+                None => Message::Error(ErrorReply::NotFound),
+            },
+            Message::AnnouncementRequest(id) => match self.store.get(&id) {
+                Some(u) => Message::Announce(u.announcement.clone()),
+                None => Message::Error(ErrorReply::NotFound),
+            },
+            Message::StateRequest(r) if r.run_id == run => match self.state_blob(r.snapshot) {
+                Some((hash, bytes)) => fetch::chunk_of(&bytes, hash, r.offset, r.max_len)
+                    .map_or(Message::Error(ErrorReply::BadRequest), Message::StateChunk),
+                None => Message::Error(ErrorReply::NotFound),
+            },
+            Message::ManifestRequest(r) if r == run => Message::Manifest(self.opts.manifest.canonical_bytes()),
+            Message::StateRequest(_) | Message::ManifestRequest(_) => Message::Error(ErrorReply::WrongRun),
+            Message::Digest(d) if d.run_id == run => {
+                if let Some(from) = Self::node_of(&peer) {
+                    self.engine.handle(now(), Input::PeerDigest { from, digest: d });
+                }
+                Message::Digest(self.engine.digest())
+            }
+            Message::Digest(_) => Message::Error(ErrorReply::WrongRun),
+            Message::Probe(n) => Message::ProbeReply(vec![0; (n as usize).min(ragtag_protocol::wire::MAX_CHUNK_BYTES)]),
+            other => {
+                let kind = other.kind();
+                if kind != MessageKind::Error {
+                    self.reject(Some(peer), RejectReason::Malformed, &format!("a {} request", kind.name()));
+                }
+                Message::Error(ErrorReply::BadRequest)
+            }
+        }
+    }
+
+    /// Results of background fetches.
+    pub(crate) async fn on_internal(&mut self, i: Internal) {
+        match i {
+            Internal::Payload { id, from, result } => {
+                let Some((a, signed)) = self.announced.get(&id).cloned() else {
+                    self.engine.handle(now(), Input::FetchFailed { id, from, reason: None });
+                    return;
+                };
+                match result.map_err(|e| (None, e)).and_then(|bytes| match self.validator.check_payload(&a, &bytes) {
+                    Ok(norm) => Ok((bytes, norm)),
+                    Err(r) => Err((Some(r), r.to_string())),
+                }) {
+                    Ok((bytes, norm)) => {
+                        self.bytes_in += bytes.len() as u64;
+                        self.validator.record_accepted_norm(norm);
+                        let payload = Arc::new(bytes);
+                        self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
+                        self.engine.handle(now(), Input::Payload { id, bytes: payload });
+                        self.announce_have(id, a.payload_hash).await;
+                    }
+                    Err((reason, e)) => {
+                        if let Some(r) = reason {
+                            let peer = Self::peer_of(&from);
+                            self.reject(peer, r, "a payload");
+                            if let Some(p) = peer {
+                                self.net.penalize(p).await;
+                            }
+                        } else {
+                            tracing::debug!("fetching {id} from {from:?} failed: {e}");
+                        }
+                        self.engine.handle(now(), Input::FetchFailed { id, from, reason });
+                    }
+                }
+            }
+            Internal::Announcement { from, result } => match result {
+                Ok(signed) => match self.validator.check_announcement(&signed) {
+                    Ok(a) => {
+                        self.remember(&a, &signed);
+                        self.engine.handle(now(), Input::Announcement { announcement: a, from });
+                    }
+                    Err(r) => self.reject(Self::peer_of(&from), r, "a fetched announcement"),
+                },
+                Err(e) => tracing::debug!("announcement fetch from {from:?} failed: {e}"),
+            },
+            Internal::Digest { from, result } => match result {
+                Ok(d) => self.engine.handle(now(), Input::PeerDigest { from, digest: d }),
+                Err(e) => tracing::debug!("anti-entropy with {from:?} failed: {e}"),
+            },
+            Internal::Anchor { from, result } => match result {
+                Ok(state) => match state.verify(&self.opts.manifest.engine, self.engine.anchor().len()) {
+                    Ok(()) => self.engine.handle(now(), Input::PeerAnchor { from, state: Box::new(state) }),
+                    Err(e) => self.reject(
+                        Self::peer_of(&from),
+                        RejectReason::ShapeMismatch,
+                        &format!("a replica state ({e})"),
+                    ),
+                },
+                Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
+            },
+        }
+    }
+}
+
+/// How gossipsub should treat a message rejected for `r`: misbehaviour
+/// lowers the sender's score, bad luck (too stale) is only ignored.
+fn acceptance(r: RejectReason) -> MessageAcceptance {
+    if r.is_misbehaviour() { MessageAcceptance::Reject } else { MessageAcceptance::Ignore }
+}

@@ -1,0 +1,164 @@
+//! Getting a node ready: its state directory, the manifest, and the engine
+//! (resumed from a checkpoint, synced from a peer, or fresh).
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use libp2p::PeerId;
+use ragtag_protocol::{
+    Keypair,
+    engine::{Engine, Strategy},
+    ids::RunId,
+    manifest::Manifest,
+    time::Micros,
+};
+
+use crate::{checkpoint, manifest_file, net::Client, runtime::fetch};
+
+/// An exclusively locked state directory (released when dropped).
+#[derive(Debug)]
+pub struct StateDir {
+    /// The directory.
+    pub path: PathBuf,
+    _lock: File,
+}
+
+#[allow(unsafe_code)]
+fn try_lock(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a valid, open file descriptor owned by `file`.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+impl StateDir {
+    /// Locks `path`; when `fallback` is set and it is in use by another
+    /// node, tries `path-2`, `path-3`, ... (two nodes started from the same
+    /// directory with the defaults each get their own state).
+    pub fn lock(path: &Path, fallback: bool) -> Result<Self> {
+        for i in 1..=64 {
+            let candidate = if i == 1 { path.to_path_buf() } else { PathBuf::from(format!("{}-{i}", path.display())) };
+            std::fs::create_dir_all(&candidate).with_context(|| format!("creating {}", candidate.display()))?;
+            let file = File::create(candidate.join("node.lock"))?;
+            if try_lock(&file) {
+                if i > 1 {
+                    tracing::info!("{} is used by another node: using {}", path.display(), candidate.display());
+                }
+                return Ok(Self { path: candidate, _lock: file });
+            }
+            if !fallback {
+                bail!("{} is used by another running node (choose another --state)", candidate.display());
+            }
+        }
+        bail!("no free state directory next to {}", path.display())
+    }
+}
+
+/// The manifest to run: a file, the built-in run, or fetched by run id.
+pub async fn manifest(
+    file: Option<&Path>,
+    run_id: Option<&str>,
+    strategy: Option<&str>,
+    net: Option<(&Client, &[PeerId])>,
+) -> Result<Manifest> {
+    if let Some(f) = file {
+        return Ok(manifest_file::read(f)?);
+    }
+    if let Some(id) = run_id {
+        let run = RunId(ragtag_protocol::ids::Hash32::from_hex(id).context("--run-id must be 64 hex digits")?);
+        let Some((net, peers)) = net else { bail!("--run-id needs --bootstrap peers to fetch the manifest from") };
+        let mut last = String::from("no peers");
+        for &p in peers {
+            match fetch::manifest(net, p, run).await {
+                Ok(m) => return Ok(m),
+                Err(e) => last = e,
+            }
+        }
+        bail!("could not fetch the manifest of run {run} from the bootstrap peers: {last}");
+    }
+    let strategy = match strategy {
+        Some(s) => Strategy::parse(s).with_context(|| format!("unknown strategy {s:?}"))?,
+        None => Strategy::Gopals,
+    };
+    Ok(Manifest::builtin(strategy))
+}
+
+/// How the engine came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// From our own checkpoint.
+    Resumed,
+    /// From a peer's replica state.
+    Joined,
+    /// From the run's initial weights.
+    Fresh,
+}
+
+/// Everything the engine needs to be built.
+#[allow(missing_debug_implementations)]
+pub struct EngineSetup<'a> {
+    /// The run.
+    pub manifest: &'a Manifest,
+    /// Our key.
+    pub key: &'a Keypair,
+    /// The state directory.
+    pub state: &'a Path,
+    /// The trainer's initial parameters.
+    pub initial: Vec<f32>,
+    /// Our measured speed.
+    pub speed: f32,
+    /// A seed for the engine's random choices.
+    pub seed: u64,
+    /// Peers to sync from, with the network.
+    pub peers: Vec<PeerId>,
+    /// The network.
+    pub net: &'a Client,
+}
+
+/// Resumes from our checkpoint, else joins from a peer, else starts fresh.
+pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin)> {
+    let run_id = s.manifest.run_id();
+    let t0 = Micros(s.manifest.start_ms.saturating_mul(1000));
+    let me = s.key.node_id();
+    if let Some(ck) = checkpoint::load_engine(s.state, run_id)? {
+        ck.replica
+            .verify(&s.manifest.engine, s.initial.len())
+            .map_err(|e| anyhow::anyhow!("our checkpoint does not fit the manifest: {e}"))?;
+        return Ok((Engine::resume(s.manifest.engine, me, run_id, t0, ck, s.seed), Origin::Resumed));
+    }
+    for &peer in &s.peers {
+        match fetch::state(s.net, peer, run_id).await {
+            Ok(state) => match state.verify(&s.manifest.engine, s.initial.len()) {
+                Ok(()) => {
+                    tracing::info!("joined the run with the state of {peer} (round {})", state.round);
+                    return Ok((
+                        Engine::join(s.manifest.engine, me, run_id, t0, state, s.speed, s.seed),
+                        Origin::Joined,
+                    ));
+                }
+                Err(e) => tracing::warn!("state from {peer} refused: {e}"),
+            },
+            Err(e) => tracing::info!("no state from {peer}: {e}"),
+        }
+    }
+    Ok((Engine::new(s.manifest.engine, me, run_id, t0, s.initial, s.speed, s.seed), Origin::Fresh))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_node_gets_its_own_state_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("state");
+        let a = StateDir::lock(&base, true).unwrap();
+        let b = StateDir::lock(&base, true).unwrap();
+        assert_ne!(a.path, b.path);
+        assert!(StateDir::lock(&base, false).is_err());
+        drop(a);
+        assert_eq!(StateDir::lock(&base, false).unwrap().path, base);
+    }
+}

@@ -1,0 +1,149 @@
+//! The node's status: served as JSON on `/status`, printed by `ragtag status`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A snapshot of the node, refreshed by the event loop.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// ragtag version.
+    pub version: String,
+    /// Our node id (ed25519 public key, hex).
+    pub node_id: String,
+    /// Our libp2p PeerId.
+    pub peer_id: String,
+    /// The run.
+    pub run_id: String,
+    /// The run's name.
+    pub run_name: String,
+    /// Strategy.
+    pub strategy: String,
+    /// Device.
+    pub device: String,
+    /// Listen addresses (with /p2p/).
+    pub listen_addrs: Vec<String>,
+    /// public / private / relayed / unknown.
+    pub reachability: String,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Our next round.
+    pub round: u64,
+    /// Outer rounds completed.
+    pub outer_rounds: u64,
+    /// Updates applied to our replica.
+    pub applied: u64,
+    /// Rejected or dropped inputs by reason.
+    pub rejected: BTreeMap<String, u64>,
+    /// Connected libp2p peers.
+    pub connected_peers: usize,
+    /// Live members of the run (us included).
+    pub live_nodes: usize,
+    /// Our inner steps per second.
+    pub speed: f32,
+    /// Mean training loss of the last round.
+    pub train_loss: Option<f32>,
+    /// Latest held-out loss of our replica.
+    pub eval_loss: Option<f32>,
+    /// Latest held-out accuracy.
+    pub eval_accuracy: Option<f32>,
+    /// Fraction of the time training.
+    pub utilisation: f64,
+    /// Bytes sent and received.
+    pub bytes_out: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Ledger records written.
+    pub ledger_records: u64,
+    /// What the node is doing, in words.
+    pub state: String,
+}
+
+impl Status {
+    /// A few readable lines.
+    pub fn render(&self) -> String {
+        let loss = |v: Option<f32>| v.map_or_else(|| "-".into(), |v| format!("{v:.4}"));
+        let rejected = if self.rejected.is_empty() {
+            "none".to_string()
+        } else {
+            self.rejected.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        };
+        format!(
+            "ragtag {} — {}\n\
+             node     {}\n\
+             run      {} ({}, {})\n\
+             device   {} at {:.1} steps/s, utilisation {:.0}%\n\
+             network  {} peers connected, {} live nodes, {}, {} out / {} in\n\
+             training round {}, {} outer rounds, {} updates applied, train loss {}, held-out loss {} (accuracy {})\n\
+             rejected {}\n\
+             ledger   {} records\n\
+             listen   {}",
+            self.version,
+            self.state,
+            self.peer_id,
+            self.run_name,
+            &self.run_id[..self.run_id.len().min(16)],
+            self.strategy,
+            self.device,
+            self.speed,
+            100.0 * self.utilisation,
+            self.connected_peers,
+            self.live_nodes,
+            self.reachability,
+            human_bytes(self.bytes_out),
+            human_bytes(self.bytes_in),
+            self.round,
+            self.outer_rounds,
+            self.applied,
+            loss(self.train_loss),
+            loss(self.eval_loss),
+            loss(self.eval_accuracy),
+            rejected,
+            self.ledger_records,
+            self.listen_addrs.join(" "),
+        )
+    }
+}
+
+/// Bytes as "1.2 MiB".
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+/// Fetches `/status` from a node's metrics address (plain HTTP/1.0 GET).
+pub async fn fetch(addr: &str) -> Result<Status, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("timed out connecting to {addr}"))?
+        .map_err(|e| format!("cannot connect to {addr}: {e} (is a node running with --metrics {addr}?)"))?;
+    stream
+        .write_all(format!("GET /status HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    stream.take(1 << 20).read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).ok_or("malformed HTTP response")?;
+    serde_json::from_str(body).map_err(|e| format!("malformed status: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_and_formats_bytes() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(3 * 1024 * 1024), "3.0 MiB");
+        let s = Status { run_id: "abcd".into(), ..Status::default() };
+        assert!(s.render().contains("rejected none"));
+    }
+}

@@ -1,0 +1,214 @@
+//! The trainer on its own OS thread: candle's blocking compute never runs
+//! on a tokio worker. Commands arrive on a bounded channel; results go back
+//! to the event loop on another bounded channel.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use ragtag_models::{EvalResult, Trainer, TrainerConfig};
+use ragtag_protocol::engine::{LocalMode, LocalPhase, LocalResult, PullConfig};
+
+/// Commands queued for the trainer at most.
+const COMMAND_CAPACITY: usize = 4;
+/// Inner steps of the start-up speed measurement.
+const BENCH_STEPS: u32 = 3;
+
+/// Work for the trainer thread.
+#[derive(Debug)]
+pub enum TrainerCommand {
+    /// Run a local phase.
+    Phase(LocalPhase),
+    /// Evaluate these parameters on the held-out set.
+    Evaluate {
+        /// Parameters.
+        params: Arc<Vec<f32>>,
+        /// Echoed back.
+        tag: u64,
+    },
+    /// Save the trainer's checkpoint (parameters and AdamW state).
+    Checkpoint(PathBuf),
+    /// Restore the trainer's checkpoint.
+    Restore(PathBuf),
+    /// Stop the thread.
+    Shutdown,
+}
+
+/// What the trainer thread reports.
+#[derive(Debug)]
+pub enum TrainerReply {
+    /// A local phase finished.
+    PhaseDone {
+        /// For the engine.
+        result: LocalResult,
+        /// Wall time of the compute (before any slowdown).
+        compute_s: f64,
+        /// Wall time including the slowdown.
+        total_s: f64,
+    },
+    /// An evaluation finished.
+    Evaluated {
+        /// The tag sent.
+        tag: u64,
+        /// Held-out loss and accuracy.
+        result: EvalResult,
+    },
+    /// A checkpoint was written or restored.
+    Checkpointed(Result<PathBuf, String>),
+    /// Something failed; the thread goes on.
+    Failed(String),
+}
+
+/// What the trainer learned at start-up.
+#[derive(Debug, Clone)]
+pub struct TrainerInfo {
+    /// Initial parameters (the run's seeded initialisation).
+    pub initial: Vec<f32>,
+    /// Inner steps per second on this device, slowdown included.
+    pub steps_per_s: f32,
+    /// The device, in words.
+    pub device: String,
+    /// Why `auto` fell back to the CPU, if it did.
+    pub fallback_reason: Option<String>,
+    /// Best achievable held-out loss, when the data knows it.
+    pub floor: Option<f32>,
+    /// Unigram entropy of text data.
+    pub unigram_entropy: Option<f32>,
+    /// Forward FLOPs per sample.
+    pub flops_per_sample: f64,
+    /// Micro-batch in use.
+    pub micro_batch: usize,
+}
+
+/// A handle to the trainer thread.
+#[derive(Debug)]
+pub struct TrainerHandle {
+    tx: mpsc::SyncSender<TrainerCommand>,
+    thread: Option<JoinHandle<()>>,
+    /// Start-up facts.
+    pub info: TrainerInfo,
+}
+
+impl TrainerHandle {
+    /// Queues a command; fails when the thread is gone or the queue is full.
+    pub fn send(&self, cmd: TrainerCommand) -> Result<(), String> {
+        self.tx.try_send(cmd).map_err(|e| format!("trainer thread unavailable: {e}"))
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn shutdown(mut self) {
+        let _ = self.tx.send(TrainerCommand::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the trainer thread: builds the model and data on the device,
+/// measures the speed, then serves commands. `slowdown` makes every phase
+/// take that many times longer (emulating slower hardware).
+pub fn spawn(
+    cfg: TrainerConfig,
+    slowdown: f32,
+    replies: tokio::sync::mpsc::Sender<TrainerReply>,
+) -> Result<TrainerHandle, String> {
+    let (tx, rx) = mpsc::sync_channel::<TrainerCommand>(COMMAND_CAPACITY);
+    let (info_tx, info_rx) = mpsc::sync_channel::<Result<TrainerInfo, String>>(1);
+    let slowdown = slowdown.max(1.0) as f64;
+    let thread = std::thread::Builder::new()
+        .name("ragtag-trainer".into())
+        .spawn(move || {
+            let mut trainer = match start(&cfg, slowdown) {
+                Ok((t, info)) => {
+                    let _ = info_tx.send(Ok(info));
+                    t
+                }
+                Err(e) => {
+                    let _ = info_tx.send(Err(e));
+                    return;
+                }
+            };
+            serve(&mut trainer, slowdown, rx, replies);
+        })
+        .map_err(|e| format!("cannot start the trainer thread: {e}"))?;
+    let info = info_rx.recv().map_err(|_| "the trainer thread died during start-up".to_string())??;
+    Ok(TrainerHandle { tx, thread: Some(thread), info })
+}
+
+fn start(cfg: &TrainerConfig, slowdown: f64) -> Result<(Trainer, TrainerInfo), String> {
+    let trainer = Trainer::new(cfg.clone()).map_err(|e| e.to_string())?;
+    let initial = trainer.export_params().map_err(|e| e.to_string())?;
+    // Measure the speed on a throwaway trainer, so the real one starts
+    // from the run's exact initial state.
+    let mut bench = Trainer::with_dataset(cfg.clone(), trainer.dataset().clone()).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    bench
+        .run_phase(&initial, BENCH_STEPS, LocalMode::Train, PullConfig { p: 0.0, lambda: 0.0 }, 0)
+        .map_err(|e| e.to_string())?;
+    let per_step = t.elapsed().as_secs_f64() / BENCH_STEPS as f64 * slowdown;
+    let ds = trainer.dataset();
+    let info = TrainerInfo {
+        initial,
+        steps_per_s: (1.0 / per_step.max(1e-6)) as f32,
+        device: trainer.device().description.clone(),
+        fallback_reason: trainer.device().fallback_reason.clone(),
+        floor: ds.floor,
+        unigram_entropy: ds.unigram_entropy,
+        flops_per_sample: trainer.model().forward_flops_per_sample(),
+        micro_batch: trainer.micro_batch(),
+    };
+    Ok((trainer, info))
+}
+
+fn serve(
+    trainer: &mut Trainer,
+    slowdown: f64,
+    rx: mpsc::Receiver<TrainerCommand>,
+    replies: tokio::sync::mpsc::Sender<TrainerReply>,
+) {
+    while let Ok(cmd) = rx.recv() {
+        let reply = match cmd {
+            TrainerCommand::Shutdown => break,
+            TrainerCommand::Phase(p) => {
+                let start = Instant::now();
+                match trainer.run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed) {
+                    Ok(r) => {
+                        let compute_s = start.elapsed().as_secs_f64();
+                        if slowdown > 1.0 {
+                            std::thread::sleep(Duration::from_secs_f64(compute_s * (slowdown - 1.0)));
+                        }
+                        TrainerReply::PhaseDone {
+                            result: LocalResult {
+                                round: p.round,
+                                params: r.params,
+                                steps: r.steps,
+                                samples: r.samples,
+                                loss: r.loss,
+                                flops: r.flops,
+                            },
+                            compute_s,
+                            total_s: start.elapsed().as_secs_f64(),
+                        }
+                    }
+                    Err(e) => TrainerReply::Failed(format!("local phase {}: {e}", p.round)),
+                }
+            }
+            TrainerCommand::Evaluate { params, tag } => match trainer.evaluate(Some(&params)) {
+                Ok(result) => TrainerReply::Evaluated { tag, result },
+                Err(e) => TrainerReply::Failed(format!("evaluation: {e}")),
+            },
+            TrainerCommand::Checkpoint(path) => {
+                TrainerReply::Checkpointed(trainer.save_checkpoint(&path).map(|_| path).map_err(|e| e.to_string()))
+            }
+            TrainerCommand::Restore(path) => {
+                TrainerReply::Checkpointed(trainer.load_checkpoint(&path).map(|_| path).map_err(|e| e.to_string()))
+            }
+        };
+        if replies.blocking_send(reply).is_err() {
+            break;
+        }
+    }
+}
