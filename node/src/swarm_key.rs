@@ -62,7 +62,7 @@ mod tests {
         let b = generate().unwrap();
         assert_ne!(a, b);
         let ka = parse(&a).unwrap();
-        assert_ne!(ka.fingerprint(), parse(&b).unwrap().fingerprint());
+        assert_ne!(ka.fingerprint().to_string(), parse(&b).unwrap().fingerprint().to_string());
         assert!(parse("/key/swarm/psk/1.0.0/\n/base16/\n1234").is_err());
         assert!(parse("garbage").is_err());
     }

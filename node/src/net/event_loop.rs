@@ -191,6 +191,9 @@ impl EventLoop {
                     return;
                 }
                 if num_established.get() == 1 {
+                    // Ask the newcomer (and everyone) for peers right away,
+                    // rather than at the next periodic bootstrap.
+                    let _ = self.swarm.behaviour_mut().kad.bootstrap();
                     self.emit(Event::Connected(peer_id));
                 }
             }
