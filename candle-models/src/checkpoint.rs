@@ -20,8 +20,11 @@ fn ck_err(path: &Path, message: impl Into<String>) -> Error {
 }
 
 fn host_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let v = t.flatten_all()?.to_vec1::<f32>()?;
-    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    Ok(le_bytes(&t.flatten_all()?.to_vec1::<f32>()?))
+}
+
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 impl Trainer {
@@ -29,12 +32,12 @@ impl Trainer {
     /// temporary file renamed over the target).
     pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
         let params = self.params();
-        let (m, v) = self.optimizer().moments();
+        let (m, v) = self.optimizer().moments()?;
         let mut blobs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
         for (i, e) in params.layout().entries.iter().enumerate() {
             blobs.push((format!("param/{}", e.name), e.shape.clone(), host_bytes(params.vars()[i].as_tensor())?));
-            blobs.push((format!("adam_m/{}", e.name), e.shape.clone(), host_bytes(&m[i])?));
-            blobs.push((format!("adam_v/{}", e.name), e.shape.clone(), host_bytes(&v[i])?));
+            blobs.push((format!("adam_m/{}", e.name), e.shape.clone(), le_bytes(&m[i])));
+            blobs.push((format!("adam_v/{}", e.name), e.shape.clone(), le_bytes(&v[i])));
         }
         let views: Vec<(String, TensorView<'_>)> = blobs
             .iter()
@@ -87,8 +90,8 @@ impl Trainer {
         let (mut m, mut v) = (Vec::new(), Vec::new());
         for e in &entries {
             flat.extend(load(&format!("param/{}", e.name), &e.shape)?.flatten_all()?.to_vec1::<f32>()?);
-            m.push(load(&format!("adam_m/{}", e.name), &e.shape)?);
-            v.push(load(&format!("adam_v/{}", e.name), &e.shape)?);
+            m.push(load(&format!("adam_m/{}", e.name), &e.shape)?.flatten_all()?.to_vec1::<f32>()?);
+            v.push(load(&format!("adam_v/{}", e.name), &e.shape)?.flatten_all()?.to_vec1::<f32>()?);
         }
         self.import_params(&flat)?;
         self.optimizer_mut().restore(step, m, v)?;

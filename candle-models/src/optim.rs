@@ -1,10 +1,22 @@
-//! Inner AdamW with gradient-norm clipping, over plain tensors so its state
-//! can be checkpointed (candle-nn's AdamW keeps its state private).
+//! Inner AdamW with gradient-norm clipping, with state we own so it can be
+//! checkpointed (candle-nn's AdamW keeps its state private).
+//!
+//! On the CPU the update runs in one pass over host slices: for small
+//! models a dozen tensor operations per parameter (each allocating) cost
+//! more than the arithmetic. On GPUs it stays in tensor operations.
 
 use candle_core::{Tensor, Var};
 use ragtag_protocol::manifest::TrainingSpec;
 
-use crate::Result;
+use crate::{Error, Result};
+
+#[derive(Debug)]
+enum Moments {
+    /// CPU: moments as host vectors.
+    Host { m: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    /// GPU: moments as device tensors.
+    Device { m: Vec<Tensor>, v: Vec<Tensor> },
+}
 
 /// AdamW state: first and second moments per parameter and the step count.
 #[derive(Debug)]
@@ -16,14 +28,20 @@ pub struct AdamW {
     weight_decay: f64,
     clip: f64,
     step: u64,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    moments: Moments,
 }
 
 impl AdamW {
     /// Zero state for `vars`, with the run's hyperparameters.
     pub fn new(vars: &[Var], spec: &TrainingSpec) -> Result<Self> {
-        let zeros = |v: &Var| v.as_tensor().zeros_like();
+        let on_cpu = vars.first().is_none_or(|v| v.device().is_cpu());
+        let moments = if on_cpu {
+            let zeros = || vars.iter().map(|v| vec![0.0f32; v.as_tensor().elem_count()]).collect();
+            Moments::Host { m: zeros(), v: zeros() }
+        } else {
+            let zeros = || vars.iter().map(|v| v.as_tensor().zeros_like()).collect::<candle_core::Result<Vec<_>>>();
+            Moments::Device { m: zeros()?, v: zeros()? }
+        };
         Ok(Self {
             lr: spec.lr as f64,
             beta1: spec.beta1 as f64,
@@ -32,8 +50,7 @@ impl AdamW {
             weight_decay: spec.weight_decay as f64,
             clip: spec.clip as f64,
             step: 0,
-            m: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
-            v: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
+            moments,
         })
     }
 
@@ -41,29 +58,58 @@ impl AdamW {
     /// the learning rate scaled by `lr_scale`. Returns the gradient norm
     /// before clipping.
     pub fn step(&mut self, vars: &[Var], grads: &[Option<Tensor>], lr_scale: f64) -> Result<f32> {
-        let mut sq = Vec::with_capacity(grads.len());
-        for g in grads.iter().flatten() {
-            sq.push(g.sqr()?.sum_all()?);
-        }
-        let norm = if sq.is_empty() { 0.0 } else { Tensor::stack(&sq, 0)?.sum_all()?.to_scalar::<f32>()?.sqrt() };
-        let scale = if self.clip > 0.0 && norm as f64 > self.clip { self.clip / norm as f64 } else { 1.0 };
         self.step += 1;
         let t = self.step as i32;
         let lr = self.lr * lr_scale;
         let bc1 = 1.0 - self.beta1.powi(t);
         let bc2 = 1.0 - self.beta2.powi(t);
-        for (i, (var, g)) in vars.iter().zip(grads).enumerate() {
-            let Some(g) = g else { continue };
-            let g = if scale != 1.0 { g.affine(scale, 0.0)? } else { g.clone() };
-            self.m[i] = ((&self.m[i] * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
-            self.v[i] = ((&self.v[i] * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
-            let mhat = (&self.m[i] / bc1)?;
-            let denom = ((&self.v[i] / bc2)?.sqrt()? + self.eps)?;
-            let theta = var.as_tensor();
-            let next = ((theta * (1.0 - lr * self.weight_decay))? - (mhat / denom)?.affine(lr, 0.0)?)?;
-            var.set(&next)?;
+        match &mut self.moments {
+            Moments::Host { m, v } => {
+                let host: Vec<Option<Vec<f32>>> = grads
+                    .iter()
+                    .map(|g| g.as_ref().map(|g| g.flatten_all()?.to_vec1::<f32>()).transpose())
+                    .collect::<candle_core::Result<_>>()?;
+                let norm =
+                    host.iter().flatten().flat_map(|g| g.iter()).map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt();
+                let scale = if self.clip > 0.0 && norm > self.clip { self.clip / norm } else { 1.0 };
+                let (b1, b2) = (self.beta1 as f32, self.beta2 as f32);
+                let (scale, lr_f, decay) = (scale as f32, lr as f32, (1.0 - lr * self.weight_decay) as f32);
+                let (ibc1, ibc2, eps) = ((1.0 / bc1) as f32, (1.0 / bc2) as f32, self.eps as f32);
+                for (i, (var, g)) in vars.iter().zip(&host).enumerate() {
+                    let Some(g) = g else { continue };
+                    let mut theta = var.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+                    for (((p, mi), vi), gi) in theta.iter_mut().zip(m[i].iter_mut()).zip(v[i].iter_mut()).zip(g) {
+                        let g = gi * scale;
+                        *mi = b1 * *mi + (1.0 - b1) * g;
+                        *vi = b2 * *vi + (1.0 - b2) * g * g;
+                        *p = *p * decay - lr_f * (*mi * ibc1) / ((*vi * ibc2).sqrt() + eps);
+                    }
+                    var.set(&Tensor::from_vec(theta, var.as_tensor().shape(), var.device())?)?;
+                }
+                Ok(norm as f32)
+            }
+            Moments::Device { m, v } => {
+                let mut sq = Vec::with_capacity(grads.len());
+                for g in grads.iter().flatten() {
+                    sq.push(g.sqr()?.sum_all()?);
+                }
+                let norm =
+                    if sq.is_empty() { 0.0 } else { Tensor::stack(&sq, 0)?.sum_all()?.to_scalar::<f32>()?.sqrt() };
+                let scale = if self.clip > 0.0 && norm as f64 > self.clip { self.clip / norm as f64 } else { 1.0 };
+                for (i, (var, g)) in vars.iter().zip(grads).enumerate() {
+                    let Some(g) = g else { continue };
+                    let g = if scale != 1.0 { g.affine(scale, 0.0)? } else { g.clone() };
+                    m[i] = ((&m[i] * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
+                    v[i] = ((&v[i] * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
+                    let mhat = (&m[i] / bc1)?;
+                    let denom = ((&v[i] / bc2)?.sqrt()? + self.eps)?;
+                    let theta = var.as_tensor();
+                    let next = ((theta * (1.0 - lr * self.weight_decay))? - (mhat / denom)?.affine(lr, 0.0)?)?;
+                    var.set(&next)?;
+                }
+                Ok(norm)
+            }
         }
-        Ok(norm)
     }
 
     /// Steps taken.
@@ -71,24 +117,41 @@ impl AdamW {
         self.step
     }
 
-    /// The moments, for checkpoints.
-    pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
-        (&self.m, &self.v)
+    /// The moments as host vectors, for checkpoints.
+    pub fn moments(&self) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+        match &self.moments {
+            Moments::Host { m, v } => Ok((m.clone(), v.clone())),
+            Moments::Device { m, v } => {
+                let host = |ts: &[Tensor]| {
+                    ts.iter().map(|t| t.flatten_all()?.to_vec1::<f32>()).collect::<candle_core::Result<Vec<_>>>()
+                };
+                Ok((host(m)?, host(v)?))
+            }
+        }
     }
 
     /// Restores moments and step count from a checkpoint.
-    pub fn restore(&mut self, step: u64, m: Vec<Tensor>, v: Vec<Tensor>) -> Result<()> {
-        if m.len() != self.m.len() || v.len() != self.v.len() {
-            return Err(crate::Error::Shape("optimizer state does not match the model".into()));
-        }
-        for (a, b) in m.iter().zip(&self.m).chain(v.iter().zip(&self.v)) {
-            if a.dims() != b.dims() {
-                return Err(crate::Error::Shape(format!("optimizer state shape {:?} vs {:?}", a.dims(), b.dims())));
-            }
+    pub fn restore(&mut self, step: u64, m: Vec<Vec<f32>>, v: Vec<Vec<f32>>) -> Result<()> {
+        let lens: Vec<usize> = match &self.moments {
+            Moments::Host { m, .. } => m.iter().map(Vec::len).collect(),
+            Moments::Device { m, .. } => m.iter().map(Tensor::elem_count).collect(),
+        };
+        let fits = |x: &Vec<Vec<f32>>| x.len() == lens.len() && x.iter().zip(&lens).all(|(a, b)| a.len() == *b);
+        if !fits(&m) || !fits(&v) {
+            return Err(Error::Shape("optimizer state does not match the model".into()));
         }
         self.step = step;
-        self.m = m;
-        self.v = v;
+        match &mut self.moments {
+            Moments::Host { m: hm, v: hv } => {
+                *hm = m;
+                *hv = v;
+            }
+            Moments::Device { m: dm, v: dv } => {
+                for (t, x) in dm.iter_mut().zip(m).chain(dv.iter_mut().zip(v)) {
+                    *t = Tensor::from_vec(x, t.shape(), t.device())?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -136,5 +199,19 @@ mod tests {
         // Adam's first step is ~lr * sign(g) whatever the scale.
         let p = var.as_tensor().to_vec1::<f32>().unwrap();
         assert!((p[0] + 1.0).abs() < 1e-4 && p[1] == 0.0, "{p:?}");
+    }
+
+    #[test]
+    fn state_round_trips_through_host_vectors() {
+        let var = Var::from_slice(&[0.5f32, 0.25, -1.0], 3, &Device::Cpu).unwrap();
+        let spec = TrainingSpec::default();
+        let mut a = AdamW::new(std::slice::from_ref(&var), &spec).unwrap();
+        a.step(std::slice::from_ref(&var), &[Some(Tensor::new(&[1.0f32, 2.0, 3.0], &Device::Cpu).unwrap())], 1.0)
+            .unwrap();
+        let (m, v) = a.moments().unwrap();
+        let mut b = AdamW::new(std::slice::from_ref(&var), &spec).unwrap();
+        b.restore(a.steps(), m.clone(), v.clone()).unwrap();
+        assert_eq!(b.moments().unwrap(), (m, v));
+        assert!(b.restore(1, vec![vec![0.0; 2]], vec![vec![0.0; 3]]).is_err());
     }
 }

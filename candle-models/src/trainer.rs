@@ -232,6 +232,21 @@ impl Trainer {
         pull: PullConfig,
         seed: u64,
     ) -> Result<PhaseResult> {
+        self.run_phase_with(anchor, steps, mode, pull, seed, |_| true)
+    }
+
+    /// [`Trainer::run_phase`], calling `go_on(step)` after every inner
+    /// step: returning false ends the phase early (a deadline), and the
+    /// caller may use the call to pace the steps (emulated slow hardware).
+    pub fn run_phase_with(
+        &mut self,
+        anchor: &[f32],
+        steps: u32,
+        mode: LocalMode,
+        pull: PullConfig,
+        seed: u64,
+        mut go_on: impl FnMut(u32) -> bool,
+    ) -> Result<PhaseResult> {
         let start = Instant::now();
         self.params.import(anchor)?;
         let batch_size = self.training.batch_size as usize;
@@ -273,21 +288,25 @@ impl Trainer {
         } else {
             None
         };
-        let (mut loss_sum, mut grad_steps) = (0.0f64, 0u32);
-        for _ in 0..steps {
+        let (mut loss_sum, mut grad_steps, mut taken) = (0.0f64, 0u32, 0u32);
+        while taken < steps {
+            taken += 1;
             if let Some(anchors) = anchors.as_ref().filter(|_| rng.bernoulli(p)) {
                 // Pull: theta += lambda (anchor - theta).
                 for (var, a) in self.params.vars().iter().zip(anchors) {
                     let t = var.as_tensor();
                     var.set(&(t + ((a - t)? * pull.lambda as f64)?)?)?;
                 }
-                continue;
+            } else {
+                let batch = self.sampler.next_batch(batch_size);
+                let (loss, grads) = self.loss_and_grads(&batch)?;
+                self.opt.step(self.params.vars(), &grads, lr_scale)?;
+                loss_sum += loss as f64;
+                grad_steps += 1;
             }
-            let batch = self.sampler.next_batch(batch_size);
-            let (loss, grads) = self.loss_and_grads(&batch)?;
-            self.opt.step(self.params.vars(), &grads, lr_scale)?;
-            loss_sum += loss as f64;
-            grad_steps += 1;
+            if !go_on(taken) {
+                break;
+            }
         }
         let params = self.params.export()?;
         let layer_update_norms = self
@@ -303,7 +322,7 @@ impl Trainer {
             .collect();
         Ok(PhaseResult {
             params,
-            steps,
+            steps: taken,
             samples: grad_steps as u64 * batch_size as u64,
             loss: if grad_steps > 0 { (loss_sum / grad_steps as f64) as f32 } else { f32::NAN },
             elapsed_s: start.elapsed().as_secs_f64(),

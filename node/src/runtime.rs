@@ -107,6 +107,10 @@ pub struct Outcome {
     pub eval_loss: Option<f32>,
     /// Updates applied.
     pub applied: u64,
+    /// How the engine started: resumed, joined or fresh.
+    pub origin: String,
+    /// A strided sample of the final anchor (compare replicas).
+    pub anchor_sketch: Vec<f32>,
 }
 
 pub(crate) struct Node {
@@ -302,6 +306,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         rounds: node.engine.stats().rounds,
         eval_loss: node.eval.map(|e| e.loss),
         applied: node.engine.stats().applied,
+        origin: format!("{origin:?}").to_lowercase(),
+        anchor_sketch: ragtag_protocol::engine::anti_entropy::anchor_sketch(node.engine.anchor()),
     };
     if node.opts.json {
         println!(
@@ -378,7 +384,9 @@ impl Node {
                             "event": "round", "round": round, "t": self.started.elapsed().as_secs_f64(),
                             "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
                             "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
+                            "version": self.engine.version().total(),
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
+                            "sketch": &ragtag_protocol::engine::anti_entropy::anchor_sketch(self.engine.anchor())[..32.min(self.engine.anchor().len())],
                         })
                     );
                 }

@@ -174,12 +174,26 @@ fn serve(
             TrainerCommand::Shutdown => break,
             TrainerCommand::Phase(p) => {
                 let start = Instant::now();
-                match trainer.run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed) {
+                // The engine's deadline (Unix µs) as a monotonic instant.
+                let deadline = p.deadline.map(|d| {
+                    let left = d.0.saturating_sub(crate::runtime::now().0);
+                    start + Duration::from_micros(left)
+                });
+                let mut compute = Duration::ZERO;
+                let mut last = Instant::now();
+                let go_on = |_step: u32| {
+                    let step = last.elapsed();
+                    compute += step;
+                    // Emulated slower hardware: every step takes `slowdown` times as long.
+                    if slowdown > 1.0 {
+                        std::thread::sleep(step.mul_f64(slowdown - 1.0));
+                    }
+                    last = Instant::now();
+                    deadline.is_none_or(|d| Instant::now() + step.mul_f64(slowdown) < d)
+                };
+                match trainer.run_phase_with(&p.anchor, p.steps, p.mode, p.pull, p.seed, go_on) {
                     Ok(r) => {
-                        let compute_s = start.elapsed().as_secs_f64();
-                        if slowdown > 1.0 {
-                            std::thread::sleep(Duration::from_secs_f64(compute_s * (slowdown - 1.0)));
-                        }
+                        let compute_s = compute.as_secs_f64();
                         TrainerReply::PhaseDone {
                             result: LocalResult {
                                 round: p.round,

@@ -74,6 +74,9 @@ pub struct LocalPhase {
     pub pull: PullConfig,
     /// Seed for the phase's own random choices (pull steps).
     pub seed: u64,
+    /// Stop stepping at this time even if steps remain (tick mode): keeps a
+    /// round inside its tick when the speed estimate was optimistic.
+    pub deadline: Option<Micros>,
 }
 
 /// What the trainer hands back.
@@ -306,10 +309,27 @@ struct Awaiting {
 }
 
 /// An update ready to apply at the next canonical batch.
-#[derive(Clone, Debug)]
-struct Pending {
-    announcement: UpdateAnnouncement,
-    bytes: Arc<Vec<u8>>,
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    /// Its announcement.
+    pub announcement: UpdateAnnouncement,
+    /// Its payload.
+    #[serde(with = "arc_bytes")]
+    pub bytes: Arc<Vec<u8>>,
+}
+
+mod arc_bytes {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(v.as_slice(), s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<u8>>, D::Error> {
+        serde_bytes::ByteBuf::deserialize(d).map(|b| Arc::new(b.into_vec()))
+    }
 }
 
 /// Counters the shells export as metrics.

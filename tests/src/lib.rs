@@ -1,1 +1,177 @@
-//! placeholder
+//! Helpers for ragtag's multi-process integration tests: start bootstrap
+//! and node processes on loopback, read their output, stop or kill them.
+//! Every process is killed when its handle drops, also on test failure.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+/// A binary of this workspace, next to the test executable's directory.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(path.exists(), "{} is missing: run `cargo test --workspace` (it builds every binary)", path.display());
+    path
+}
+
+/// A running process with its output collected.
+#[derive(Debug)]
+pub struct Proc {
+    child: Option<Child>,
+    /// Lines printed on stdout.
+    pub stdout: mpsc::Receiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    /// Its working directory.
+    pub dir: PathBuf,
+}
+
+impl Proc {
+    /// Starts `bin` with `args` in `dir`.
+    pub fn spawn(bin: &Path, args: &[String], dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("process directory");
+        let mut child = Command::new(bin)
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info,libp2p_kad=error")
+            .env("RAYON_NUM_THREADS", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let err = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().expect("stderr lock").push(line);
+            }
+        });
+        Self { child: Some(child), stdout: rx, stderr, dir: dir.to_path_buf() }
+    }
+
+    /// Everything printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().expect("stderr lock").join("\n")
+    }
+
+    /// Waits until a stderr line contains `pattern`; returns it.
+    pub fn wait_stderr(&self, pattern: &str, timeout: Duration) -> Option<String> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(l) = self.stderr.lock().expect("stderr lock").iter().find(|l| l.contains(pattern)) {
+                return Some(l.clone());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// The address the node printed ("listening on ...").
+    pub fn listen_addr(&self, timeout: Duration) -> String {
+        let line = self
+            .wait_stderr("listening on ", timeout)
+            .unwrap_or_else(|| panic!("no listen address; stderr:\n{}", self.stderr()));
+        line.split("listening on ").nth(1).expect("address").trim().to_string()
+    }
+
+    /// Reads stdout lines until one parses as JSON with `"event" == event`.
+    pub fn wait_json(&self, event: &str, timeout: Duration) -> Option<serde_json::Value> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.checked_duration_since(Instant::now())?;
+            let line = self.stdout.recv_timeout(left).ok()?;
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["event"] == event
+            {
+                return Some(v);
+            }
+        }
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(s) = self.child.as_mut()?.try_wait().ok()? {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Sends a signal.
+    #[allow(unsafe_code)]
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: signalling our own child process.
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `ragtag-bootstrap` and returns it with its address.
+pub fn bootstrap(dir: &Path, extra: &[&str]) -> (Proc, String) {
+    let mut args: Vec<String> = vec!["--key".into(), dir.join("bootstrap.key").display().to_string()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let p = Proc::spawn(&bin("ragtag-bootstrap"), &args, dir);
+    let addr = p
+        .stdout
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("bootstrap printed no address:\n{}", p.stderr()));
+    (p, addr)
+}
+
+/// Starts `ragtag run` with `args` (plus `--state DIR/state --json`).
+pub fn node(dir: &Path, args: &[&str]) -> Proc {
+    let mut all: Vec<String> =
+        vec!["run".into(), "--state".into(), dir.join("state").display().to_string(), "--json".into()];
+    all.extend(args.iter().map(|s| s.to_string()));
+    Proc::spawn(&bin("ragtag"), &all, dir)
+}
+
+/// Relative distance between two anchor sketches.
+pub fn sketch_distance(a: &serde_json::Value, b: &serde_json::Value) -> f64 {
+    let v = |x: &serde_json::Value| -> Vec<f64> {
+        x.as_array().expect("sketch").iter().map(|f| f.as_f64().unwrap_or(f64::NAN)).collect()
+    };
+    let (a, b) = (v(a), v(b));
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
+    let n: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    d / n.max(1e-12)
+}

@@ -65,6 +65,7 @@ impl Engine {
             clock: self.clock.clone(),
             round: self.round,
             last_closed_key: self.last_closed_key,
+            pending: self.pending.clone(),
         }
     }
 

@@ -161,6 +161,15 @@ impl Engine {
             base_tick,
         });
         let seed = self.rng.next_u64();
+        // Tick mode: the round must end by the next tick, whatever the speed
+        // estimate says; a real trainer stops early at this deadline.
+        let deadline = match (self.cfg.schedule, &self.clock) {
+            (Schedule::Tick { margin, .. }, Some(c)) => {
+                let reserve = Micros::from_secs_f64(c.period().as_secs_f64() * margin as f64);
+                Some(c.boundary(base_tick + 1).saturating_sub(reserve))
+            }
+            _ => None,
+        };
         self.emit(Output::StartLocalPhase(LocalPhase {
             round,
             anchor: base,
@@ -168,6 +177,7 @@ impl Engine {
             mode: self.cfg.local,
             pull: self.cfg.pull,
             seed,
+            deadline,
         }));
         self.event(EngineEvent::RoundStarted { round, steps, base_tick });
         let every = self.cfg.anti_entropy.every_rounds as u64;

@@ -29,6 +29,10 @@ pub struct ReplicaState {
     /// The newest batch key whose outer round is closed.
     #[serde(default)]
     pub last_closed_key: Option<u64>,
+    /// Updates received but not yet applied (the next canonical batch), so
+    /// a joiner's next batch is the same as ours.
+    #[serde(default)]
+    pub pending: Vec<super::Pending>,
 }
 
 /// Why a replica state was refused.
@@ -61,6 +65,13 @@ impl ReplicaState {
         }
         if self.anchor.iter().any(|v| !v.is_finite()) {
             return Err(StateError::NonFinite);
+        }
+        for p in &self.pending {
+            let payload = crate::codec::Payload::parse(p.announcement.codec, num_params, &p.bytes)
+                .map_err(|_| StateError::Shape { expected: num_params, got: p.bytes.len() })?;
+            if !payload.finite_and_norm_sq().0 || crate::ids::Hash32::of(&p.bytes) != p.announcement.payload_hash {
+                return Err(StateError::NonFinite);
+            }
         }
         Ok(())
     }
@@ -153,6 +164,8 @@ impl Engine {
         self.applied = state.applied;
         self.clock = state.clock;
         self.last_closed_key = state.last_closed_key;
+        self.pending_ids = state.pending.iter().map(|p| p.announcement.id).collect();
+        self.pending = state.pending;
         self.phase = Phase::Created;
     }
 }

@@ -293,6 +293,7 @@ fn barrier_delayed_nesterov_matches_diloco_by_hand() {
                 mode: LocalMode::Train,
                 pull: cfg.pull,
                 seed: 0,
+                deadline: None,
             };
             let theta = toy_phase(k, &p, h.lr).params;
             for i in 0..DIM {
