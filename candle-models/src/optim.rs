@@ -18,6 +18,9 @@ enum Moments {
     Device { m: Vec<Tensor>, v: Vec<Tensor> },
 }
 
+/// Per-parameter host vectors (one per parameter tensor, flat).
+pub type HostTensors = Vec<Vec<f32>>;
+
 /// AdamW state: first and second moments per parameter and the step count.
 #[derive(Debug)]
 pub struct AdamW {
@@ -118,7 +121,7 @@ impl AdamW {
     }
 
     /// The moments as host vectors, for checkpoints.
-    pub fn moments(&self) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    pub fn moments(&self) -> Result<(HostTensors, HostTensors)> {
         match &self.moments {
             Moments::Host { m, v } => Ok((m.clone(), v.clone())),
             Moments::Device { m, v } => {
@@ -131,12 +134,12 @@ impl AdamW {
     }
 
     /// Restores moments and step count from a checkpoint.
-    pub fn restore(&mut self, step: u64, m: Vec<Vec<f32>>, v: Vec<Vec<f32>>) -> Result<()> {
+    pub fn restore(&mut self, step: u64, m: HostTensors, v: HostTensors) -> Result<()> {
         let lens: Vec<usize> = match &self.moments {
             Moments::Host { m, .. } => m.iter().map(Vec::len).collect(),
             Moments::Device { m, .. } => m.iter().map(Tensor::elem_count).collect(),
         };
-        let fits = |x: &Vec<Vec<f32>>| x.len() == lens.len() && x.iter().zip(&lens).all(|(a, b)| a.len() == *b);
+        let fits = |x: &HostTensors| x.len() == lens.len() && x.iter().zip(&lens).all(|(a, b)| a.len() == *b);
         if !fits(&m) || !fits(&v) {
             return Err(Error::Shape("optimizer state does not match the model".into()));
         }

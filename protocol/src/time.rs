@@ -31,18 +31,6 @@ impl Micros {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seconds_round_trip_exactly() {
-        for us in [0u64, 1, 2_050_000, 2_049_999, 123_456_789_012, u32::MAX as u64 * 1000] {
-            assert_eq!(Micros::from_secs_f64(Micros(us).as_secs_f64()), Micros(us));
-        }
-    }
-}
-
 impl Add for Micros {
     type Output = Micros;
     fn add(self, rhs: Micros) -> Micros {
@@ -53,5 +41,17 @@ impl Add for Micros {
 impl fmt::Display for Micros {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:.6}s", self.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_trip_exactly() {
+        for us in [0u64, 1, 2_050_000, 2_049_999, 123_456_789_012, u32::MAX as u64 * 1000] {
+            assert_eq!(Micros::from_secs_f64(Micros(us).as_secs_f64()), Micros(us));
+        }
     }
 }

@@ -406,8 +406,7 @@ impl<'a> Sim<'a> {
     }
 
     fn drain(&mut self, k: usize) {
-        loop {
-            let Some(out) = self.nodes[k].engine.as_mut().and_then(|e| e.poll_output()) else { break };
+        while let Some(out) = self.nodes[k].engine.as_mut().and_then(|e| e.poll_output()) {
             self.act(k, out);
         }
         // Reschedule only when the engine's next timeout changed: most

@@ -10,6 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// Lines of a child's stdout buffered at most (the child blocks beyond).
+const STDOUT_LINES: usize = 1 << 16;
+
 /// A binary of this workspace, next to the test executable's directory.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -44,7 +47,7 @@ impl Proc {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(STDOUT_LINES);
         let out = child.stdout.take().expect("piped stdout");
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {

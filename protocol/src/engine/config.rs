@@ -393,7 +393,7 @@ impl EngineConfig {
             if !(0.0..0.5).contains(&margin) {
                 return Err(format!("tick margin must be in [0, 0.5), got {margin}"));
             }
-            if !(grace >= 0.0) {
+            if grace.is_nan() || grace < 0.0 {
                 return Err(format!("tick grace must be a non-negative fraction of the period, got {grace}"));
             }
         }
