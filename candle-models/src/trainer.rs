@@ -331,6 +331,23 @@ impl Trainer {
         })
     }
 
+    /// `steps` inner AdamW steps on one fixed batch (benchmarks: the step
+    /// without data generation). Returns the last loss.
+    pub fn train_steps_on(&mut self, batch: &Batch, steps: u32) -> Result<f32> {
+        let mut loss = f32::NAN;
+        for _ in 0..steps {
+            let (l, grads) = self.loss_and_grads(batch)?;
+            self.opt.step(self.params.vars(), &grads, 1.0)?;
+            loss = l;
+        }
+        Ok(loss)
+    }
+
+    /// A training batch from this node's stream (benchmarks).
+    pub fn sample_batch(&mut self) -> Batch {
+        self.sampler.next_batch(self.training.batch_size as usize)
+    }
+
     /// Held-out loss and accuracy of `params` (or of the current parameters).
     pub fn evaluate(&mut self, params: Option<&[f32]>) -> Result<EvalResult> {
         if let Some(p) = params {

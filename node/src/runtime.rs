@@ -217,6 +217,18 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
             }
         }
     }
+    if !want.is_empty() && connected.is_empty() {
+        match opts.net.swarm_key {
+            Some(psk) => tracing::warn!(
+                "could not complete a handshake with any bootstrap peer: in a private swarm this means a different \
+                 swarm key (ours has fingerprint {}); check --swarm-key, the address, and that the peer runs",
+                psk.fingerprint()
+            ),
+            None => tracing::warn!(
+                "could not reach any bootstrap peer yet: check the --bootstrap address and that the peer runs"
+            ),
+        }
+    }
     print_join_hint(&manifest, &listen);
 
     // The engine: resumed, joined or fresh.

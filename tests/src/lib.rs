@@ -1,6 +1,9 @@
 //! Helpers for ragtag's multi-process integration tests: start bootstrap
 //! and node processes on loopback, read their output, stop or kill them.
 //! Every process is killed when its handle drops, also on test failure.
+//! [`bench`] holds the benchmarks behind BENCHMARKS.md.
+
+pub mod bench;
 
 use std::{
     io::{BufRead, BufReader},

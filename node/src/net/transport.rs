@@ -26,7 +26,7 @@ pub(crate) fn build_swarm(
                     .upgrade(Version::V1Lazy)
                     .authenticate(noise_config)
                     .multiplex(yamux::Config::default())
-                    .timeout(std::time::Duration::from_secs(10)))
+                    .timeout(std::time::Duration::from_secs(5)))
             })?
             .with_relay_client(noise::Config::new, yamux::Config::default)?
             .with_bandwidth_metrics(registry)

@@ -1,0 +1,125 @@
+//! Payload transfer over libp2p on loopback (request-response in 1 MiB
+//! chunks, as nodes fetch payloads) against a raw TCP transfer of the same
+//! bytes in the same run.
+
+use std::time::Instant;
+
+use ragtag_node::{identity, net};
+use ragtag_protocol::{
+    ids::{Hash32, UpdateId},
+    wire::{Chunk, MAX_CHUNK_BYTES, Message, PayloadRequest},
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{Figure, median};
+
+fn config(name: &str) -> net::Config {
+    net::Config {
+        keypair: identity::libp2p_keypair(&identity::generate().expect("randomness")),
+        topic: format!("ragtag/bench/{name}"),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("address")],
+        bootstrap: Vec::new(),
+        swarm_key: None,
+        allow: Vec::new(),
+        mdns: false,
+        quic: false,
+        dial_remote: false,
+        relay_server: false,
+    }
+}
+
+async fn libp2p_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
+    let mut reg = prometheus_client::registry::Registry::default();
+    let (server, mut server_events, _t1) = net::spawn(config("server"), &mut reg).expect("server");
+    let addr = loop {
+        if let Some(net::Event::Listening(a)) = server_events.recv().await {
+            break a;
+        }
+    };
+    let hash = Hash32::of(&bytes);
+    let serving = bytes.clone();
+    let responder = server.clone();
+    tokio::spawn(async move {
+        while let Some(ev) = server_events.recv().await {
+            if let net::Event::Request { id, message: Message::PayloadRequest(r), .. } = ev {
+                let start = r.offset as usize;
+                let end = (start + r.max_len as usize).min(serving.len());
+                let chunk = Chunk {
+                    total_len: serving.len() as u64,
+                    offset: r.offset,
+                    hash,
+                    bytes: serving[start..end].to_vec(),
+                };
+                let _ = responder.respond(id, Message::PayloadChunk(chunk)).await;
+            }
+        }
+    });
+    let mut cfg = config("client");
+    cfg.bootstrap = vec![addr];
+    let (client, mut client_events, _t2) = net::spawn(cfg, &mut reg).expect("client");
+    loop {
+        if let Some(net::Event::Connected(_)) = client_events.recv().await {
+            break;
+        }
+    }
+    let peer = server.local_peer_id();
+    let id = UpdateId { src: ragtag_protocol::NodeId([0; 32]), round: 0 };
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let mut got = 0usize;
+        while got < bytes.len() {
+            let req =
+                Message::PayloadRequest(PayloadRequest { id, offset: got as u64, max_len: MAX_CHUNK_BYTES as u32 });
+            match client.request(peer, req).await {
+                Ok(Message::PayloadChunk(c)) => got += c.bytes.len(),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        times.push(t.elapsed().as_secs_f64());
+    }
+    median(times.into_iter())
+}
+
+async fn tcp_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let serving = bytes.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let b = serving.clone();
+            tokio::spawn(async move {
+                let _ = s.write_all(&b).await;
+            });
+        }
+    });
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut buf = Vec::with_capacity(bytes.len());
+        s.read_to_end(&mut buf).await.expect("read");
+        assert_eq!(buf.len(), bytes.len());
+        times.push(t.elapsed().as_secs_f64());
+    }
+    median(times.into_iter())
+}
+
+/// Transfers `mib` MiB `reps` times each way.
+pub fn run(mib: usize, reps: usize) -> Vec<Figure> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let bytes = std::sync::Arc::new(vec![7u8; mib << 20]);
+    let tcp = rt.block_on(tcp_transfer(bytes.clone(), reps));
+    let lp = rt.block_on(libp2p_transfer(bytes.clone(), reps));
+    let mb = (mib << 20) as f64 / 1e6;
+    vec![
+        Figure::new("transfer", &format!("raw TCP, {mib} MiB on loopback (baseline)"), mb / tcp, "MB/s"),
+        Figure::new(
+            "transfer",
+            &format!("libp2p request-response (noise + yamux), {mib} MiB in 1 MiB chunks"),
+            mb / lp,
+            "MB/s",
+        )
+        .with_ratio(tcp / lp, "x raw TCP throughput"),
+    ]
+}
