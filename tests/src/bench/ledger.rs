@@ -8,7 +8,7 @@ use ragtag_node::ledger::SledLedger;
 use ragtag_protocol::{
     Keypair,
     ids::{Hash32, RunId},
-    ledger::{LedgerStore, LedgerWriter, RecordKind, SignedRecord, verify_chain},
+    ledger::{LedgerWriter, RecordKind, SignedRecord, verify_chain},
 };
 
 use super::Figure;

@@ -52,7 +52,7 @@ fn main() -> Result<()> {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     );
-    let mut section = |title: &str, intro: &str, figures: &[Figure], md: &mut String| {
+    let section = |title: &str, intro: &str, figures: &[Figure], md: &mut String| {
         let _ = writeln!(md, "## {title}\n\n{intro}\n\n{}", bench::table(figures));
         eprintln!("{title}:\n{}", bench::table(figures));
     };
