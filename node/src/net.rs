@@ -6,6 +6,7 @@
 mod behaviour;
 mod codec;
 mod event_loop;
+mod score;
 mod transport;
 
 use std::time::Duration;

@@ -141,6 +141,7 @@ pub(crate) struct Node {
     ledger_records: u64,
     bytes_out: u64,
     bytes_in: u64,
+    peer_scores: BTreeMap<String, f64>,
 }
 
 /// Runs a node until a stop condition or a signal.
@@ -193,6 +194,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     if let Some(reason) = &trainer.info.fallback_reason {
         tracing::info!("{reason}");
     }
+    tracing::info!("data: {}", trainer.info.data);
     tracing::info!(
         "device {}, {:.0} inner steps/s{}",
         trainer.info.device,
@@ -285,6 +287,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         ledger_records: 0,
         bytes_out: 0,
         bytes_in: 0,
+        peer_scores: BTreeMap::new(),
         opts,
     };
     node.engine.handle(now(), Input::Start);
@@ -301,6 +304,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
             Some(reply) = trainer_rx.recv() => node.on_trainer(reply),
             Some(i) = internal_rx.recv() => node.on_internal(i).await,
             _ = tick.tick() => {
+                node.refresh_net_info().await;
                 node.refresh_status();
                 if let Some(reason) = node.stop_reason() { break reason; }
             }
@@ -397,15 +401,23 @@ impl Node {
                             "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
                             "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
                             "version": self.engine.version().total(),
+                            "samples": self.engine.stats().samples, "busy_s": self.busy_s,
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
                             "sketch": &ragtag_protocol::engine::anti_entropy::anchor_sketch(self.engine.anchor())[..32.min(self.engine.anchor().len())],
                         })
                     );
                 }
             }
-            TrainerReply::Evaluated { result, .. } => {
+            TrainerReply::Evaluated { result, tag } => {
                 self.metrics.eval_loss.set(result.loss as f64);
                 self.eval = Some(result);
+                if self.opts.json {
+                    let t = self.started.elapsed().as_secs_f64();
+                    let line = serde_json::json!({
+                        "event": "eval", "round": tag, "t": t, "eval_loss": result.loss, "eval_accuracy": result.accuracy,
+                    });
+                    println!("{line}");
+                }
             }
             TrainerReply::Checkpointed(Ok(path)) => tracing::debug!("trainer state saved to {}", path.display()),
             TrainerReply::Checkpointed(Err(e)) => tracing::warn!("trainer checkpoint failed: {e}"),
@@ -456,6 +468,12 @@ impl Node {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
+    async fn refresh_net_info(&mut self) {
+        if let Ok(info) = self.net.info().await {
+            self.peer_scores = info.scores.iter().map(|(p, s)| (p.to_string(), *s)).collect();
+        }
+    }
+
     fn refresh_status(&mut self) {
         let stats = self.engine.stats();
         let uptime = self.started.elapsed().as_secs_f64();
@@ -491,6 +509,10 @@ impl Node {
             bytes_in: self.bytes_in,
             ledger_records: self.ledger_records,
             state: state.into(),
+            peer_scores: self.peer_scores.clone(),
+            staleness_histogram: stats.staleness_histogram,
+            rounds: stats.rounds,
+            samples: stats.samples,
         };
         *self.status.write().expect("status lock") = s;
     }

@@ -57,6 +57,18 @@ pub struct Status {
     pub ledger_records: u64,
     /// What the node is doing, in words.
     pub state: String,
+    /// Applied updates by staleness (last bucket: 7 or more).
+    #[serde(default)]
+    pub staleness_histogram: [u64; 8],
+    /// Local phases completed.
+    #[serde(default)]
+    pub rounds: u64,
+    /// Samples processed.
+    #[serde(default)]
+    pub samples: u64,
+    /// gossipsub scores of connected peers (PeerId -> score).
+    #[serde(default)]
+    pub peer_scores: BTreeMap<String, f64>,
 }
 
 impl Status {

@@ -74,6 +74,8 @@ pub struct TrainerInfo {
     /// Why `auto` fell back to the CPU, if it did.
     pub fallback_reason: Option<String>,
     /// Best achievable held-out loss, when the data knows it.
+    /// What the run trains on, in words (with its loss floor when known).
+    pub data: String,
     pub floor: Option<f32>,
     /// Unigram entropy of text data.
     pub unigram_entropy: Option<f32>,
@@ -156,6 +158,7 @@ fn start(cfg: &TrainerConfig, slowdown: f64) -> Result<(Trainer, TrainerInfo), S
         device: trainer.device().description.clone(),
         fallback_reason: trainer.device().fallback_reason.clone(),
         floor: ds.floor,
+        data: ds.description.clone(),
         unigram_entropy: ds.unigram_entropy,
         flops_per_sample: trainer.model().forward_flops_per_sample(),
         micro_batch: trainer.micro_batch(),

@@ -15,6 +15,7 @@
 
 pub mod anti_entropy;
 pub mod config;
+mod io;
 pub mod membership;
 pub mod outer;
 mod receive;
@@ -32,6 +33,7 @@ pub use config::{
     AntiEntropyConfig, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig,
     Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
+pub use io::{EngineEvent, Input, LocalPhase, LocalResult, Output, Publication};
 use membership::{Membership, PeerInfo};
 use outer::OuterState;
 pub use snapshot::{EngineCheckpoint, ReplicaState};
@@ -39,13 +41,13 @@ use tick::TickClock;
 
 use crate::{
     codec::ErrorFeedback,
-    ids::{Hash32, NodeId, RunId, UpdateId},
+    ids::{NodeId, RunId, UpdateId},
     ledger::RecordKind,
     rng::SeededRng,
     time::Micros,
     validate::RejectReason,
     version::{AppliedSet, VersionVector},
-    wire::{Heartbeat, ReplicaDigest, UpdateAnnouncement},
+    wire::{Heartbeat, UpdateAnnouncement},
 };
 
 /// Most fetches in flight at once; beyond it the oldest is abandoned.
@@ -58,223 +60,6 @@ pub const MAX_ANTI_ENTROPY_FETCHES: usize = 32;
 const ARRIVAL_HISTORY: u64 = 8;
 /// A fetch not answered within this long is abandoned.
 const FETCH_TIMEOUT: Micros = Micros(60_000_000);
-
-/// Work for the trainer: start from `anchor`, take `steps` inner steps.
-#[derive(Clone, Debug)]
-pub struct LocalPhase {
-    /// The round this phase closes.
-    pub round: u64,
-    /// The anchor to start from (shared with the engine, not copied).
-    pub anchor: Arc<Vec<f32>>,
-    /// Inner steps to take.
-    pub steps: u32,
-    /// Train with inner AdamW, or compute one gradient.
-    pub mode: LocalMode,
-    /// Pseudo-synchronisation settings for the inner loop.
-    pub pull: PullConfig,
-    /// Seed for the phase's own random choices (pull steps).
-    pub seed: u64,
-    /// Stop stepping at this time even if steps remain (tick mode): keeps a
-    /// round inside its tick when the speed estimate was optimistic.
-    pub deadline: Option<Micros>,
-}
-
-/// What the trainer hands back.
-#[derive(Clone, Debug)]
-pub struct LocalResult {
-    /// The round of the phase.
-    pub round: u64,
-    /// `theta` after the phase (train mode) or the gradient (gradient mode).
-    pub params: Vec<f32>,
-    /// Steps actually taken.
-    pub steps: u32,
-    /// Samples processed.
-    pub samples: u64,
-    /// Mean training loss.
-    pub loss: f32,
-    /// Estimated floating-point operations.
-    pub flops: f64,
-}
-
-/// An update to sign and disseminate.
-#[derive(Clone, Debug)]
-pub struct Publication {
-    /// The announcement (the shell signs it).
-    pub announcement: UpdateAnnouncement,
-    /// The encoded payload.
-    pub payload: Arc<Vec<u8>>,
-}
-
-/// Something happened that a shell may want to count or log.
-#[derive(Clone, Debug, PartialEq)]
-pub enum EngineEvent {
-    /// A local phase started.
-    RoundStarted {
-        /// Round.
-        round: u64,
-        /// Steps planned.
-        steps: u32,
-        /// Tick it started in (tick mode).
-        base_tick: u64,
-    },
-    /// An update was applied to the anchor.
-    Applied {
-        /// Which.
-        id: UpdateId,
-        /// Staleness measured.
-        staleness: u64,
-        /// Weight applied.
-        weight: f32,
-        /// Live node count used.
-        nodes: usize,
-    },
-    /// An update was dropped.
-    Dropped {
-        /// Which.
-        id: UpdateId,
-        /// Why.
-        reason: RejectReason,
-    },
-    /// A fetch failed on every source.
-    FetchAbandoned {
-        /// Which.
-        id: UpdateId,
-    },
-    /// An outer round closed (N arrivals).
-    OuterRound {
-        /// Outer rounds so far.
-        outer_rounds: u64,
-    },
-    /// A peer joined the live set.
-    PeerJoined(NodeId),
-    /// A peer left the live set.
-    PeerLeft(NodeId),
-    /// The estimated relative distance between our anchor and a peer's.
-    ConsensusDistance {
-        /// The peer.
-        peer: NodeId,
-        /// `||x_me - x_peer|| / ||x_me||`, estimated from sketches.
-        distance: f32,
-    },
-    /// Anchors were averaged with a peer's (anti-entropy repair).
-    AnchorsAveraged {
-        /// The peer.
-        peer: NodeId,
-    },
-}
-
-/// What the engine asks its shell to do.
-#[derive(Clone, Debug)]
-pub enum Output {
-    /// Run a local phase on the trainer.
-    StartLocalPhase(LocalPhase),
-    /// Sign and disseminate an update.
-    Publish(Publication),
-    /// Fetch a payload from a peer, then report `Input::Payload` or `Input::FetchFailed`.
-    FetchPayload {
-        /// Which.
-        id: UpdateId,
-        /// From whom.
-        from: NodeId,
-        /// Expected bytes.
-        len: u64,
-        /// Expected hash.
-        hash: Hash32,
-    },
-    /// Fetch an announcement we missed (anti-entropy), then report `Input::Announcement`.
-    FetchAnnouncement {
-        /// Which.
-        id: UpdateId,
-        /// From whom.
-        from: NodeId,
-    },
-    /// Sign and gossip a heartbeat.
-    SendHeartbeat(Heartbeat),
-    /// Exchange digests with a peer, reporting theirs as `Input::PeerDigest`.
-    AntiEntropy {
-        /// The peer.
-        peer: NodeId,
-        /// Our digest.
-        digest: ReplicaDigest,
-    },
-    /// Fetch a peer's replica state, reporting it as `Input::PeerAnchor`.
-    FetchAnchor {
-        /// The peer.
-        from: NodeId,
-    },
-    /// Sign and append a ledger record.
-    Record(RecordKind),
-    /// Count or log this.
-    Event(EngineEvent),
-}
-
-/// What happens to the engine.
-#[derive(Clone, Debug)]
-pub enum Input {
-    /// Begin taking part.
-    Start,
-    /// The trainer finished a local phase.
-    LocalPhaseDone(LocalResult),
-    /// A validated (signature, run, shape) announcement arrived via `from`.
-    Announcement {
-        /// The announcement.
-        announcement: UpdateAnnouncement,
-        /// A peer that holds the payload.
-        from: NodeId,
-    },
-    /// A validated announcement with its validated payload inline.
-    Update {
-        /// The announcement.
-        announcement: UpdateAnnouncement,
-        /// The peer it came from.
-        from: NodeId,
-        /// The encoded payload (shared: a simulator hands one copy to many engines).
-        payload: Arc<Vec<u8>>,
-    },
-    /// Another peer says it holds a payload.
-    PayloadSource {
-        /// Which.
-        id: UpdateId,
-        /// Who holds it.
-        from: NodeId,
-    },
-    /// A fetched payload that passed validation (hash, structure, finite, norm).
-    Payload {
-        /// Which.
-        id: UpdateId,
-        /// The encoded payload.
-        bytes: Arc<Vec<u8>>,
-    },
-    /// A fetch failed; with a reason when the payload itself was refused.
-    FetchFailed {
-        /// Which.
-        id: UpdateId,
-        /// The peer asked.
-        from: NodeId,
-        /// Why the payload was refused, if it was.
-        reason: Option<RejectReason>,
-    },
-    /// A validated heartbeat.
-    Heartbeat(Heartbeat),
-    /// A peer disconnected or left.
-    PeerDown(NodeId),
-    /// A peer's digest (anti-entropy request or response).
-    PeerDigest {
-        /// The peer.
-        from: NodeId,
-        /// Its digest.
-        digest: ReplicaDigest,
-    },
-    /// A peer's replica state, fetched after `Output::FetchAnchor`.
-    PeerAnchor {
-        /// The peer.
-        from: NodeId,
-        /// Its state.
-        state: Box<ReplicaState>,
-    },
-    /// Leave the swarm cleanly.
-    Leave,
-}
 
 /// What the engine is doing.
 #[derive(Clone, Debug)]

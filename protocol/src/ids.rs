@@ -4,9 +4,30 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// 32 bytes as hex in human-readable formats (JSON, TOML) and as raw bytes
+/// in binary ones (postcard, the wire and the run id).
+mod hex32 {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer>(v: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() { s.serialize_str(&hex::encode(v)) } else { serde_bytes::serialize(v, s) }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+        if d.is_human_readable() {
+            let text = String::deserialize(d)?;
+            let mut out = [0u8; 32];
+            hex::decode_to_slice(text.trim(), &mut out).map_err(D::Error::custom)?;
+            Ok(out)
+        } else {
+            serde_bytes::deserialize(d)
+        }
+    }
+}
+
 /// A 32-byte blake3 digest.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-pub struct Hash32(#[serde(with = "serde_bytes")] pub [u8; 32]);
+pub struct Hash32(#[serde(with = "hex32")] pub [u8; 32]);
 
 impl Hash32 {
     /// The blake3 digest of `bytes`.
@@ -42,7 +63,7 @@ impl fmt::Display for Hash32 {
 /// A node's identity: its ed25519 public key. The same key is the node's
 /// libp2p identity, so its PeerId and its ledger signer always agree.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct NodeId(#[serde(with = "serde_bytes")] pub [u8; 32]);
+pub struct NodeId(#[serde(with = "hex32")] pub [u8; 32]);
 
 impl NodeId {
     /// Lower-case hex of the public key.
@@ -108,5 +129,22 @@ impl fmt::Debug for UpdateId {
 impl fmt::Display for UpdateId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_hex_in_json_and_bytes_on_the_wire() {
+        let n = NodeId([0xab; 32]);
+        let json = serde_json::to_string(&n).unwrap();
+        assert_eq!(json, format!("\"{}\"", "ab".repeat(32)));
+        assert_eq!(serde_json::from_str::<NodeId>(&json).unwrap(), n);
+        let wire = postcard::to_allocvec(&n).unwrap();
+        assert_eq!(wire.len(), 33);
+        assert_eq!(postcard::from_bytes::<NodeId>(&wire).unwrap(), n);
+        assert!(serde_json::from_str::<Hash32>("\"zz\"").is_err());
     }
 }

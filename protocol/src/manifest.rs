@@ -217,7 +217,7 @@ impl Manifest {
             seed: 42,
             model: ModelSpec::Mlp { inputs: 32, hidden: vec![64, 64], classes: 10 },
             data: DataSpec::Teacher { inputs: 32, classes: 10, hidden: 64, temperature: 0.5, test_samples: 2048 },
-            training: TrainingSpec { target_loss: Some(0.9), ..TrainingSpec::default() },
+            training: TrainingSpec { lr: 1e-3, target_loss: Some(1.35), ..TrainingSpec::default() },
             engine,
             private: false,
         }

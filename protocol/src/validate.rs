@@ -75,9 +75,11 @@ impl RejectReason {
     }
 
     /// True when the reason shows misbehaviour (lowers the sender's score),
-    /// rather than bad luck such as a slow link.
+    /// rather than bad luck such as a slow link. A replay is not: whether an
+    /// update was already applied depends on the receiver's state, and an
+    /// honest peer that has not applied it yet may well forward it.
     pub fn is_misbehaviour(self) -> bool {
-        !matches!(self, RejectReason::TooStale)
+        !matches!(self, RejectReason::TooStale | RejectReason::Replay)
     }
 }
 

@@ -10,8 +10,10 @@
 
 pub mod compare;
 pub mod measure;
+pub mod netns;
 pub mod network;
 pub mod plot;
+pub mod real;
 pub mod report;
 pub mod scenario;
 pub mod sim;

@@ -43,6 +43,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a scenario with real `ragtag` processes (loopback, or network
+    /// namespaces with --netem) and write the same report as virtual mode.
+    Real {
+        /// Built-in scenario name or a TOML file.
+        #[arg(long, default_value = "hetero-4x")]
+        scenario: String,
+        /// Override the scenario's nodes: this many...
+        #[arg(long)]
+        nodes: Option<u32>,
+        /// ...with these speeds (comma separated, repeated to fill).
+        #[arg(long, value_delimiter = ',')]
+        speeds: Vec<f64>,
+        /// Strategy.
+        #[arg(long, default_value = "gopals", value_parser = parse_strategy)]
+        strategy: Strategy,
+        /// Seconds every node runs.
+        #[arg(long, default_value_t = 60.0)]
+        duration: f64,
+        /// tc netem shaping, e.g. "delay 20ms rate 100mbit" (needs root: namespaces).
+        #[arg(long)]
+        netem: Option<String>,
+        /// Tick period in ms.
+        #[arg(long, default_value_t = 2000)]
+        tick_ms: u32,
+        /// Where reports go.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Run several strategies on the same scenario and compare them.
     Compare {
         /// Built-in scenario name or a TOML file.
@@ -111,6 +139,24 @@ fn main() -> Result<()> {
                 println!("{}", run_line(&summary));
                 println!("({} events, {:.1}s wall)", summary.events, wall.elapsed().as_secs_f64());
             }
+        }
+        Command::Real { scenario, nodes, speeds, strategy, duration, netem, tick_ms, out } => {
+            let mut s = Scenario::load(&scenario)?;
+            if !speeds.is_empty() || nodes.is_some() {
+                let n = nodes.unwrap_or(speeds.len() as u32).max(1) as usize;
+                let base = if speeds.is_empty() { vec![1.0] } else { speeds };
+                s.nodes = ragtag_simnet::scenario::Nodes {
+                    speeds: (0..n).map(|i| base[i % base.len()]).collect(),
+                    ..Default::default()
+                };
+            }
+            let opts =
+                ragtag_simnet::real::RealOptions { strategy, duration_s: duration, netem, out: out.clone(), tick_ms };
+            let output = ragtag_simnet::real::run_real(&s, &opts)?;
+            let c = summarize(&s, &[strategy], 1, std::slice::from_ref(&output));
+            write_all(&out, &c, std::slice::from_ref(&output))?;
+            println!("{}", run_line(&RunSummary::new(&s, &output)));
+            println!("wrote summary.json, CSV and PNG plots to {}", out.display());
         }
         Command::Compare { scenario, strategies, seeds, out, json } => {
             if strategies.is_empty() || seeds == 0 {

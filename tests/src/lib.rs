@@ -4,6 +4,7 @@
 //! [`bench`] holds the benchmarks behind BENCHMARKS.md.
 
 pub mod bench;
+pub use ragtag_simnet::netns;
 
 use std::{
     io::{BufRead, BufReader},
@@ -43,7 +44,7 @@ impl Proc {
         let mut child = Command::new(bin)
             .args(args)
             .current_dir(dir)
-            .env("RUST_LOG", "info,libp2p_kad=error")
+            .env("RUST_LOG", std::env::var("RAGTAG_TEST_LOG").unwrap_or_else(|_| "info,libp2p_kad=error".into()))
             .env("RAYON_NUM_THREADS", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -109,6 +110,24 @@ impl Proc {
         }
     }
 
+    /// The node's round reports until it exits, and its exit report (eval
+    /// and other events are skipped). Panics with stderr when there is no
+    /// exit within `timeout`.
+    pub fn rounds_until_exit(&self, timeout: Duration) -> (Vec<serde_json::Value>, serde_json::Value) {
+        let mut rounds = Vec::new();
+        let end = Instant::now() + timeout;
+        while let Ok(line) = self.stdout.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            if v["event"] == "exit" {
+                return (rounds, v);
+            }
+            if v["event"] == "round" {
+                rounds.push(v);
+            }
+        }
+        panic!("no exit within {timeout:?}:\n{}", self.stderr());
+    }
+
     /// Waits for the process to exit.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + timeout;
@@ -168,6 +187,15 @@ pub fn node(dir: &Path, args: &[&str]) -> Proc {
         vec!["run".into(), "--state".into(), dir.join("state").display().to_string(), "--json".into()];
     all.extend(args.iter().map(|s| s.to_string()));
     Proc::spawn(&bin("ragtag"), &all, dir)
+}
+
+/// Starts `ragtag run` inside host `i` of a namespace lab.
+pub fn node_in(lab: &netns::Lab, i: usize, dir: &Path, args: &[&str]) -> Proc {
+    let mut all: Vec<String> = lab.wrap(i);
+    all.push(bin("ragtag").display().to_string());
+    all.extend(["run".into(), "--state".into(), dir.join("state").display().to_string(), "--json".into()]);
+    all.extend(args.iter().map(|s| s.to_string()));
+    Proc::spawn(Path::new(&all[0]), &all[1..], dir)
 }
 
 /// Relative distance between two anchor sketches.

@@ -3,21 +3,7 @@
 
 use std::time::Duration;
 
-use ragtag_tests::{Proc, bootstrap, node, sketch_distance};
-
-/// Round events of a node until it exits, and the exit event.
-fn events(p: &Proc) -> (Vec<serde_json::Value>, serde_json::Value) {
-    let mut rounds = Vec::new();
-    let end = std::time::Instant::now() + T;
-    while let Ok(line) = p.stdout.recv_timeout(end.saturating_duration_since(std::time::Instant::now())) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-        if v["event"] == "exit" {
-            return (rounds, v);
-        }
-        rounds.push(v);
-    }
-    panic!("no exit:\n{}", p.stderr());
-}
+use ragtag_tests::{bootstrap, node, sketch_distance};
 
 /// Replicas that absorbed the same updates hold the same anchor (canonical
 /// batches): compare every pair of round reports with equal version totals.
@@ -41,8 +27,8 @@ fn two_nodes_train_together() {
     let a = node(&dir.path().join("a"), &["--max-rounds", "10"]);
     let addr = a.listen_addr(T);
     let b = node(&dir.path().join("b"), &["--bootstrap", &addr, "--max-rounds", "8", "--slowdown", "2"]);
-    let (rb_events, eb) = events(&b);
-    let (ra_events, ea) = events(&a);
+    let (rb_events, eb) = b.rounds_until_exit(T);
+    let (ra_events, ea) = a.rounds_until_exit(T);
     let first = &rb_events[0];
     // Every update of one node is applied by the other (up to the rounds in
     // flight when the first one stops).
@@ -67,7 +53,7 @@ fn three_nodes_find_each_other_through_a_bootstrap() {
         .iter()
         .map(|n| node(&dir.path().join(n), &["--bootstrap", &addr, "--max-rounds", "8"]))
         .collect();
-    let all: Vec<_> = nodes.iter().map(events).collect();
+    let all: Vec<_> = nodes.iter().map(|n| n.rounds_until_exit(T)).collect();
     for (rounds, e) in &all {
         let applied = e["outcome"]["applied"].as_u64().unwrap();
         assert!(applied >= 8 + 2 * 5, "applied only {applied}");

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use libp2p::{
     StreamProtocol, autonat, dcutr,
-    gossipsub::{
-        self, IdentTopic, MessageAuthenticity, PeerScoreParams, PeerScoreThresholds, TopicScoreParams, ValidationMode,
-    },
+    gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode},
     identify, kad, mdns, ping, relay, request_response,
     swarm::{NetworkBehaviour, behaviour::toggle::Toggle},
 };
@@ -62,12 +60,7 @@ pub(crate) fn build(
         .build()?;
     let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gs_config)?;
     let topic = IdentTopic::new(cfg.topic.clone());
-    let mut params = PeerScoreParams::default();
-    params.topics.insert(
-        topic.hash(),
-        TopicScoreParams { topic_weight: 1.0, invalid_message_deliveries_weight: -100.0, ..Default::default() },
-    );
-    gossipsub.with_peer_score(params, PeerScoreThresholds::default())?;
+    gossipsub.with_peer_score(super::score::params(topic.hash()), super::score::thresholds())?;
     gossipsub.subscribe(&topic)?;
 
     let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
@@ -88,7 +81,18 @@ pub(crate) fn build(
     );
     let mdns = if cfg.mdns { Some(mdns::tokio::Behaviour::new(mdns::Config::default(), peer_id)?) } else { None };
     let relay = cfg.relay_server.then(|| {
-        let mut r = relay::Behaviour::new(peer_id, relay::Config::default());
+        // Sane limits for training traffic: circuits carry payloads until
+        // hole punching (DCUtR) replaces them with direct connections.
+        let limits = relay::Config {
+            max_reservations: 1024,
+            max_reservations_per_peer: 4,
+            max_circuits: 256,
+            max_circuits_per_peer: 16,
+            max_circuit_duration: Duration::from_secs(30 * 60),
+            max_circuit_bytes: 1 << 30,
+            ..relay::Config::default()
+        };
+        let mut r = relay::Behaviour::new(peer_id, limits);
         r.set_status(Some(relay::Status::Enable));
         r
     });

@@ -39,7 +39,17 @@ impl Node {
             }
             net::Event::Reachability(r) => {
                 tracing::info!("reachability: {r}");
-                self.reachability = r;
+                if r == "private" && self.reachability != "relayed" {
+                    // Not dialable from outside: take a reservation at every
+                    // bootstrap node (they relay), so peers can reach us.
+                    for addr in self.opts.net.bootstrap.clone() {
+                        tracing::info!("asking {addr} for a relay reservation");
+                        let _ = self.net.listen_via_relay(addr).await;
+                    }
+                }
+                if self.reachability != "relayed" || r == "public" {
+                    self.reachability = r;
+                }
             }
             net::Event::RelayReserved(p) => {
                 tracing::info!("reservation accepted by relay {p}");
@@ -75,6 +85,10 @@ impl Node {
             .inc_by(data.len() as u64);
         match msg {
             Message::Announce(signed) => match self.validator.check_announcement(&signed) {
+                Ok(a) if self.engine.has_applied(&a.id) => {
+                    self.reject(Some(from), RejectReason::Replay, "an announcement");
+                    acceptance(RejectReason::Replay)
+                }
                 Ok(a) => {
                     self.remember(&a, &signed);
                     let src = a.id.src;
@@ -98,7 +112,7 @@ impl Node {
                     Ok(norm) => {
                         if self.engine.has_applied(&a.id) {
                             self.reject(Some(from), RejectReason::Replay, "an update");
-                            return MessageAcceptance::Reject;
+                            return acceptance(RejectReason::Replay);
                         }
                         self.validator.record_accepted_norm(norm);
                         let payload = Arc::new(payload);

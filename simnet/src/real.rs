@@ -1,0 +1,273 @@
+//! Real mode: the same scenario with real `ragtag` processes (and a
+//! bootstrap) on loopback, or each in its own network namespace shaped by
+//! tc netem. Speeds become `--slowdown` factors; each node's round reports
+//! and final status become the same report and plots as virtual mode.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use ragtag_protocol::engine::{Schedule, Strategy};
+
+use crate::{
+    measure::{LayerRecorder, Sample, Tally},
+    netns::Lab,
+    scenario::Scenario,
+    sim::{NodeOutput, RunOutput},
+    speed,
+};
+
+/// How a real run is set up.
+#[derive(Debug, Clone)]
+pub struct RealOptions {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// How long the nodes run.
+    pub duration_s: f64,
+    /// tc netem shaping for every node (runs each node in a namespace).
+    pub netem: Option<String>,
+    /// Where node state and reports go.
+    pub out: PathBuf,
+    /// The tick period (tick mode): real steps are fast, a tick must stay
+    /// well above message latency.
+    pub tick_ms: u32,
+}
+
+struct Launched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    offset_s: f64,
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.parent().context("executable directory")?.join(name);
+    if !path.exists() {
+        bail!(
+            "{} not found next to ragtag-simnet: build the workspace binaries first (cargo build --release)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: f64) -> Result<Launched> {
+    std::fs::create_dir_all(dir)?;
+    let (program, rest): (String, Vec<String>) = match prefix.split_first() {
+        Some((p, r)) => {
+            (p.clone(), r.iter().cloned().chain([bin.display().to_string()]).chain(args.iter().cloned()).collect())
+        }
+        None => (bin.display().to_string(), args.to_vec()),
+    };
+    let mut child = Command::new(program)
+        .args(rest)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?))
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let (tx, rx) = mpsc::sync_channel(1 << 16);
+    let out = child.stdout.take().context("stdout")?;
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Launched { child, lines: rx, offset_s })
+}
+
+/// One node's reports.
+#[derive(Debug, Default)]
+struct NodeReport {
+    rounds: Vec<(f64, Option<f32>, u64, u64)>,
+    exit: Option<serde_json::Value>,
+}
+
+/// Runs the scenario's nodes as real processes.
+pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
+    let ragtag = sibling("ragtag")?;
+    let bootstrap_bin = sibling("ragtag-bootstrap")?;
+    let profiles = speed::profiles(scenario, scenario.seed);
+    let n = profiles.len();
+    let fastest = profiles.iter().map(|p| p.base).fold(0.0, f64::max);
+    let mut manifest = scenario.manifest(opts.strategy, None);
+    manifest.start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    if let Schedule::Tick { period_ms, .. } = &mut manifest.engine.schedule {
+        *period_ms = Some(opts.tick_ms);
+    }
+    std::fs::create_dir_all(&opts.out)?;
+    let manifest_path = opts.out.join("manifest.toml");
+    std::fs::write(&manifest_path, toml::to_string_pretty(&manifest)?)?;
+    let lab = match &opts.netem {
+        Some(spec) => {
+            let lab = Lab::new("real", n + 1, 9).map_err(anyhow::Error::msg)?;
+            for i in 0..=n {
+                lab.netem(i, spec).map_err(anyhow::Error::msg)?;
+            }
+            Some(lab)
+        }
+        None => None,
+    };
+    let prefix = |i: usize| lab.as_ref().map_or_else(Vec::new, |l| l.wrap(i));
+    let listen = |i: usize| {
+        lab.as_ref().map_or_else(|| "/ip4/127.0.0.1/tcp/0".to_string(), |l| format!("/ip4/{}/tcp/4{i:03}", l.ip(i, 9)))
+    };
+    let started = Instant::now();
+    let bs_dir = opts.out.join("bootstrap");
+    let bs = launch(
+        &prefix(0),
+        &bootstrap_bin,
+        &["--key".into(), bs_dir.join("key").display().to_string(), "--listen".into(), listen(0)],
+        &bs_dir,
+        0.0,
+    )?;
+    let bs_addr = bs.lines.recv_timeout(Duration::from_secs(30)).context("the bootstrap printed no address")?;
+    let mut nodes = Vec::new();
+    for (i, p) in profiles.iter().enumerate() {
+        let args: Vec<String> = [
+            "run",
+            "--manifest",
+            manifest_path.to_str().unwrap_or_default(),
+            "--bootstrap",
+            &bs_addr,
+            "--listen",
+            &listen(i + 1),
+            "--json",
+            "--duration",
+            &opts.duration_s.to_string(),
+            "--slowdown",
+            &format!("{:.3}", fastest / p.base),
+            "--state",
+            opts.out.join(format!("node{i}")).join("state").to_str().unwrap_or_default(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let offset = started.elapsed().as_secs_f64();
+        nodes.push(launch(&prefix(i + 1), &ragtag, &args, &opts.out.join(format!("node{i}")), offset)?);
+    }
+    // Collect until every node has exited (or a generous deadline).
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.duration_s + 120.0);
+    let mut reports: Vec<NodeReport> = (0..n).map(|_| NodeReport::default()).collect();
+    while reports.iter().any(|r| r.exit.is_none()) && Instant::now() < deadline {
+        for (node, report) in nodes.iter().zip(reports.iter_mut()) {
+            while let Ok(line) = node.lines.try_recv() {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+                if v["event"] == "exit" {
+                    report.exit = Some(v);
+                } else if v["event"] == "round" {
+                    let t = node.offset_s + v["t"].as_f64().unwrap_or(0.0);
+                    let eval = v["eval_loss"].as_f64().map(|l| l as f32);
+                    report.rounds.push((
+                        t,
+                        eval,
+                        v["samples"].as_u64().unwrap_or(0),
+                        v["version"].as_u64().unwrap_or(0),
+                    ));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(nodes);
+    drop(bs);
+    Ok(to_output(scenario, opts, &profiles, &reports))
+}
+
+/// Builds the virtual mode's report from real nodes' reports.
+fn to_output(
+    scenario: &Scenario,
+    opts: &RealOptions,
+    profiles: &[speed::SpeedProfile],
+    reports: &[NodeReport],
+) -> RunOutput {
+    let end = reports.iter().flat_map(|r| r.rounds.last().map(|x| x.0)).fold(0.0, f64::max);
+    let mut series = Vec::new();
+    let mut t = 0.0;
+    let mut target_at = None;
+    while t <= end + scenario.sample_every_s {
+        let latest: Vec<&(f64, Option<f32>, u64, u64)> =
+            reports.iter().filter_map(|r| r.rounds.iter().rfind(|x| x.0 <= t)).collect();
+        let losses: Vec<f32> = latest.iter().filter_map(|x| x.1).collect();
+        if !losses.is_empty() {
+            let loss = losses.iter().sum::<f32>() / losses.len() as f32;
+            if target_at.is_none() && loss <= scenario.target_loss {
+                target_at = Some(t);
+            }
+            series.push(Sample {
+                t,
+                loss,
+                accuracy: f32::NAN,
+                samples: latest.iter().map(|x| x.2).sum(),
+                updates: reports.iter().map(|r| r.rounds.iter().filter(|x| x.0 <= t).count() as u64).sum(),
+                consensus_max: 0.0,
+                consensus_mean: 0.0,
+                live: latest.len() as u32,
+                bytes: 0,
+            });
+        }
+        t += scenario.sample_every_s;
+    }
+    let mut tally = Tally::default();
+    let nodes: Vec<NodeOutput> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let status = r.exit.as_ref().map(|e| &e["status"]);
+            let get = |k: &str| status.and_then(|s| s[k].as_f64()).unwrap_or(0.0);
+            if let Some(h) = status.and_then(|s| s["staleness_histogram"].as_array()) {
+                for (b, v) in h.iter().enumerate().take(8) {
+                    tally.staleness_histogram[b] += v.as_u64().unwrap_or(0);
+                }
+            }
+            if let Some(rej) = status.and_then(|s| s["rejected"].as_object()) {
+                for (k, v) in rej {
+                    *tally.dropped.entry(k.clone()).or_insert(0) += v.as_u64().unwrap_or(0);
+                }
+            }
+            let uptime = get("uptime_s");
+            NodeOutput {
+                index: i,
+                speed: profiles[i].base,
+                group: 0,
+                busy_s: get("utilisation") * uptime,
+                alive_s: uptime,
+                bytes_sent: get("bytes_out") as u64,
+                updates: get("rounds") as u64,
+                samples: get("samples") as u64,
+            }
+        })
+        .collect();
+    let _ = opts;
+    RunOutput {
+        strategy: opts.strategy,
+        seed: 0,
+        series,
+        nodes,
+        tally,
+        layers: LayerRecorder::new(Vec::new(), reports.len(), 0),
+        replica_losses: reports.iter().filter_map(|r| r.rounds.iter().rev().find_map(|x| x.1)).collect(),
+        time_to_target_s: target_at,
+        end_s: end,
+        messages_lost: 0,
+        floor: None,
+        aggregate_work: profiles.iter().map(|p| p.base).sum::<f64>() * end,
+        events: reports.iter().map(|r| r.rounds.len() as u64).sum(),
+    }
+}

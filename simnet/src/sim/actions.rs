@@ -1,0 +1,196 @@
+//! Acting on engine outputs (compute, dissemination, fetches) and
+//! delivering what the network carries.
+
+use std::sync::Arc;
+
+use ragtag_protocol::{
+    engine::{EngineEvent, Input, Output},
+    ids::UpdateId,
+};
+
+use super::{
+    Delivery, Ev, HEARTBEAT_BYTES, INLINE_PAYLOAD_BYTES, Published, REQUEST_BYTES, SIGNED_OVERHEAD, STORE_RETAIN_S, Sim,
+};
+
+impl Sim<'_> {
+    pub(super) fn act(&mut self, k: usize, out: Output) {
+        let me = self.nodes[k].id;
+        match out {
+            Output::StartLocalPhase(p) => {
+                let n = &mut self.nodes[k];
+                let result = n
+                    .trainer
+                    .run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed)
+                    .expect("training on the CPU does not fail on valid input");
+                let steps = if p.mode == ragtag_protocol::engine::LocalMode::Gradient { 1 } else { p.steps };
+                let duration = n.profile.phase_duration(self.now, steps, self.scenario.step_cost_s);
+                n.phase_started(self.now);
+                let delta: Vec<f32> = if p.mode == ragtag_protocol::engine::LocalMode::Gradient {
+                    result.params.clone()
+                } else {
+                    p.anchor.iter().zip(&result.params).map(|(a, t)| a - t).collect()
+                };
+                let local = ragtag_protocol::engine::LocalResult {
+                    round: p.round,
+                    params: result.params,
+                    steps: result.steps,
+                    samples: result.samples,
+                    loss: result.loss,
+                    flops: result.flops,
+                };
+                let incarnation = n.incarnation;
+                self.push(self.now + duration, Ev::PhaseDone { node: k, incarnation, result: Box::new(local), delta });
+            }
+            Output::Publish(p) => {
+                self.published += 1;
+                self.nodes[k].published += 1;
+                let id = p.announcement.id;
+                let ann_bytes = postcard::to_allocvec(&p.announcement).map_or(256, |v| v.len()) + SIGNED_OVERHEAD;
+                let payload_len = p.payload.len();
+                self.store.insert(id, Published { announcement: p.announcement, payload: p.payload });
+                self.store_order.push_back((self.now, id));
+                while self.store_order.front().is_some_and(|(t, _)| *t + STORE_RETAIN_S < self.now) {
+                    let (_, old) = self.store_order.pop_front().expect("checked");
+                    self.store.remove(&old);
+                }
+                let receivers = self.others(k);
+                if self.manifest.engine.local == ragtag_protocol::engine::LocalMode::Gradient {
+                    self.all_reduce(k, id, ann_bytes + payload_len, &receivers);
+                } else {
+                    let inline = payload_len <= INLINE_PAYLOAD_BYTES;
+                    let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
+                    let what =
+                        if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
+                    self.broadcast(k, &receivers, wire_bytes, what);
+                }
+            }
+            Output::FetchPayload { id, from, .. } | Output::FetchAnnouncement { id, from } => {
+                let src = self.index_of.get(&from).copied();
+                let timeout = self.now + self.scenario.network.request_timeout_s;
+                let ok = match (src, self.store.get(&id)) {
+                    (Some(s), Some(pb)) if self.live(s) && self.network.connected(k, s) => {
+                        let bytes = pb.payload.len() + 16;
+                        let lat = self.network.latency_s();
+                        // The request reaches the holder, which then sends the payload back.
+                        self.network.send(self.now, k, s, REQUEST_BYTES);
+                        match self.network.send(self.now + lat, s, k, bytes) {
+                            Some(at) => {
+                                let what = if matches!(out, Output::FetchAnnouncement { .. }) {
+                                    Delivery::Update { id, from }
+                                } else {
+                                    Delivery::Payload { id }
+                                };
+                                self.push(at, Ev::Deliver { node: k, what });
+                                true
+                            }
+                            None => false,
+                        }
+                    }
+                    _ => false,
+                };
+                if !ok {
+                    self.push(timeout, Ev::Deliver { node: k, what: Delivery::FetchFailed { id, from } });
+                }
+            }
+            Output::SendHeartbeat(hb) => {
+                let receivers = self.others(k);
+                self.broadcast(k, &receivers, HEARTBEAT_BYTES, Delivery::Heartbeat(Arc::new(hb)));
+            }
+            Output::AntiEntropy { peer, digest } => {
+                if let Some(&j) = self.index_of.get(&peer) {
+                    let bytes = postcard::to_allocvec(&digest).map_or(1024, |v| v.len());
+                    self.send(k, j, bytes, Delivery::Digest { from: k, digest: Arc::new(digest), reply: true });
+                }
+            }
+            Output::FetchAnchor { from } => {
+                if let Some(&j) = self.index_of.get(&from)
+                    && let Some(e) = self.nodes[j].engine.as_ref()
+                {
+                    let state = e.replica_state();
+                    let bytes = 4 * (state.anchor.len() + state.outer.momentum.len()) + 1024;
+                    self.send(j, k, bytes, Delivery::Anchor { from, state: Arc::new(state) });
+                }
+            }
+            Output::Record(_) => {}
+            Output::Event(ev) => self.count(ev),
+        }
+    }
+
+    /// Live nodes other than `k`.
+    fn others(&self, k: usize) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|j| *j != k && self.live(*j)).collect()
+    }
+
+    /// Sends one message to many peers in waves through `k`'s uplink.
+    fn broadcast(&mut self, k: usize, receivers: &[usize], bytes: usize, what: Delivery) {
+        const WAVES: usize = 8;
+        let per_wave = receivers.len().div_ceil(WAVES).max(1);
+        for wave in receivers.chunks(per_wave) {
+            let (reached, at) = self.network.send_wave(self.now, k, wave, bytes);
+            if !reached.is_empty() {
+                self.push(at, Ev::Wave { nodes: reached, what: what.clone() });
+            }
+        }
+    }
+
+    /// ddp's gradient exchange, modelled generously as a bandwidth-optimal
+    /// all-reduce: the sender's uplink carries `2 (N-1)/N` gradients (not
+    /// one per peer) and every peer has it two latencies after the upload.
+    fn all_reduce(&mut self, k: usize, id: UpdateId, bytes: usize, receivers: &[usize]) {
+        let n = (receivers.len() + 1) as f64;
+        let share = (2.0 * (n - 1.0) / n * bytes as f64) as usize;
+        let Some(done) = self.network.send(self.now, k, k, share) else { return };
+        let from = self.nodes[k].id;
+        let reached: Vec<usize> = receivers.iter().copied().filter(|j| self.network.connected(k, *j)).collect();
+        if !reached.is_empty() {
+            self.push(
+                done + self.network.latency_s(),
+                Ev::Wave { nodes: reached, what: Delivery::Update { id, from } },
+            );
+        }
+    }
+
+    fn count(&mut self, ev: EngineEvent) {
+        match ev {
+            EngineEvent::Applied { staleness, .. } => self.tally.staleness_histogram[(staleness as usize).min(7)] += 1,
+            EngineEvent::Dropped { reason, .. } => {
+                *self.tally.dropped.entry(reason.name().to_string()).or_insert(0) += 1
+            }
+            EngineEvent::AnchorsAveraged { .. } => self.tally.anchors_averaged += 1,
+            EngineEvent::FetchAbandoned { .. } => self.tally.fetches_abandoned += 1,
+            _ => {}
+        }
+    }
+
+    pub(super) fn deliver(&mut self, node: usize, what: Delivery) {
+        if !self.live(node) {
+            return;
+        }
+        let input = match what {
+            Delivery::Update { id, from } => match self.store.get(&id) {
+                Some(p) => Input::Update { announcement: p.announcement.clone(), from, payload: p.payload.clone() },
+                None => return,
+            },
+            Delivery::Announce { id, from } => match self.store.get(&id) {
+                Some(p) => Input::Announcement { announcement: p.announcement.clone(), from },
+                None => return,
+            },
+            Delivery::Payload { id } => match self.store.get(&id) {
+                Some(p) => Input::Payload { id, bytes: p.payload.clone() },
+                None => return,
+            },
+            Delivery::FetchFailed { id, from } => Input::FetchFailed { id, from, reason: None },
+            Delivery::Heartbeat(hb) => Input::Heartbeat(hb.as_ref().clone()),
+            Delivery::Digest { from, digest, reply } => {
+                if reply && let Some(e) = self.nodes[node].engine.as_ref() {
+                    let back = e.digest();
+                    let bytes = postcard::to_allocvec(&back).map_or(1024, |v| v.len());
+                    self.send(node, from, bytes, Delivery::Digest { from: node, digest: Arc::new(back), reply: false });
+                }
+                Input::PeerDigest { from: self.nodes[from].id, digest: digest.as_ref().clone() }
+            }
+            Delivery::Anchor { from, state } => Input::PeerAnchor { from, state: Box::new(state.as_ref().clone()) },
+        };
+        self.handle(node, input);
+    }
+}
