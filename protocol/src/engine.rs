@@ -175,6 +175,9 @@ pub struct Engine {
     /// peers have each value: tick completeness in O(log N).
     last_tick_of: BTreeMap<NodeId, u64>,
     last_tick_counts: BTreeMap<u64, u32>,
+    /// The anchor fetch in flight: the peer, and both sides' seen sets
+    /// when its digest matched ours.
+    anchor_fetch: Option<(NodeId, AppliedSet)>,
     // Timers and outputs.
     wake_at: Option<Micros>,
     startup_until: Option<Micros>,
@@ -231,6 +234,7 @@ impl Engine {
             tick_arrivals: BTreeMap::new(),
             last_tick_of: BTreeMap::new(),
             last_tick_counts: BTreeMap::new(),
+            anchor_fetch: None,
             wake_at: None,
             startup_until: None,
             next_heartbeat: Micros::ZERO,

@@ -120,8 +120,12 @@ impl Node {
                 self.metrics.anchors_averaged.inc();
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
-            EngineEvent::ConsensusDistance { distance, .. } => {
+            EngineEvent::AnchorAverageSkipped { peer } => {
+                tracing::debug!("{peer:?}'s anchor arrived after the sets moved on: not averaged");
+            }
+            EngineEvent::ConsensusDistance { peer, distance } => {
                 self.metrics.consensus_distance.set(distance as f64);
+                tracing::debug!("consensus distance to {peer:?}: {distance:.2e}");
             }
             EngineEvent::PeerJoined(p) => tracing::info!("{p:?} joined the run ({} live)", self.engine.live_nodes()),
             EngineEvent::PeerLeft(p) => tracing::info!("{p:?} left the run ({} live)", self.engine.live_nodes()),

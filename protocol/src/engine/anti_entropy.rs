@@ -70,6 +70,8 @@ impl Engine {
     }
 
     pub(super) fn start_anti_entropy(&mut self) {
+        // An anchor fetch unanswered for a whole anti-entropy period failed.
+        self.anchor_fetch = None;
         let peers: Vec<NodeId> = self.membership.peers().map(|(id, _)| *id).collect();
         if peers.is_empty() {
             return;
@@ -98,7 +100,8 @@ impl Engine {
         };
         self.event(EngineEvent::ConsensusDistance { peer: from, distance });
         let same_set = missing.is_empty() && mine.missing_from(&digest.applied).is_empty();
-        if same_set && distance > self.cfg.anti_entropy.distance_threshold {
+        if same_set && distance > self.cfg.anti_entropy.distance_threshold && self.anchor_fetch.is_none() {
+            self.anchor_fetch = Some((from, mine));
             self.emit(Output::FetchAnchor { from });
         }
     }
@@ -107,12 +110,34 @@ impl Engine {
         if state.anchor.len() != self.anchor.len() || state.anchor.iter().any(|v| !v.is_finite()) {
             return;
         }
+        // The digest that asked for this anchor is a round trip old: if
+        // either side applied anything since, averaging would keep half of
+        // those updates on one replica. Only average the sets the digests
+        // matched on; the next digest retries.
+        let Some((asked, seen_then)) = self.anchor_fetch.take_if(|(peer, _)| *peer == from) else {
+            return;
+        };
+        let mine = self.seen();
+        let unchanged = mine.missing_from(&seen_then).is_empty() && seen_then.missing_from(&mine).is_empty();
+        if !unchanged || !state.applied.missing_from(&seen_then).is_empty() {
+            self.event(EngineEvent::AnchorAverageSkipped { peer: asked });
+            return;
+        }
         let anchor = Arc::make_mut(&mut self.anchor);
         average_into(anchor, &state.anchor);
-        // The outer momentum must agree too, or it pushes the anchors apart again.
+        // The outer momentum must agree too, or it pushes the anchors apart
+        // again. So must the phase of the outer accumulation (which arrival
+        // of the group of N comes next): after a partition the two sides
+        // count differently and would step at different arrivals forever.
+        // The lower node id's phase wins, so the whole swarm ends on one.
         if state.outer.fits(self.cfg.outer.kind, anchor.len()) {
             average_into(&mut self.outer.momentum, &state.outer.momentum);
             average_into(&mut self.outer.second_moment, &state.outer.second_moment);
+            if from < self.me {
+                self.outer.buffer.clone_from(&state.outer.buffer);
+                self.outer.count = state.outer.count;
+            }
+            self.outer.outer_rounds = self.outer.outer_rounds.max(state.outer.outer_rounds);
         }
         self.applied.union(&state.applied);
         self.version.merge_max(&state.version);
@@ -130,6 +155,12 @@ fn average_into(mine: &mut [f32], theirs: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        engine::config::{EngineConfig, Strategy},
+        ids::{Hash32, RunId, UpdateId},
+        time::Micros,
+        version::VersionVector,
+    };
 
     #[test]
     fn sketch_positions_are_fixed_and_distance_is_relative() {
@@ -142,5 +173,63 @@ mod tests {
         assert!((d - 0.01).abs() < 1e-4, "{d}");
         assert_eq!(relative_distance(&s, &s), Some(0.0));
         assert_eq!(relative_distance(&s, &s[1..]), None);
+    }
+
+    fn set(ids: &[(u8, u64)]) -> AppliedSet {
+        let mut s = AppliedSet::new();
+        for &(src, round) in ids {
+            s.insert(UpdateId { src: NodeId([src; 32]), round });
+        }
+        s
+    }
+
+    /// An anchor is averaged only if neither side applied anything between
+    /// the matching digests and its arrival; otherwise half of those
+    /// updates would be lost on one replica.
+    #[test]
+    fn anchors_average_only_over_the_sets_the_digests_matched() {
+        let run = RunId(Hash32([7; 32]));
+        let (me, peer) = (NodeId([3; 32]), NodeId([2; 32]));
+        let both = set(&[(3, 0), (2, 0)]);
+        let engine_after_digest = || {
+            let cfg = EngineConfig::preset(Strategy::Gopals);
+            let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![1.0; 8], 1.0, 3);
+            e.applied = both.clone();
+            let digest = ReplicaDigest {
+                run_id: run,
+                version: VersionVector::new(),
+                applied: both.clone(),
+                sketch: vec![3.0; 8],
+            };
+            e.on_peer_digest(peer, digest);
+            assert!(std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchAnchor { .. })));
+            e
+        };
+        let state = |applied: AppliedSet| {
+            let mut s = engine_after_digest().replica_state();
+            s.anchor = vec![3.0; 8];
+            s.outer.count = 5;
+            s.applied = applied;
+            s
+        };
+        // Nothing moved: averaged.
+        let mut e = engine_after_digest();
+        e.on_peer_anchor(peer, state(both.clone()));
+        assert_eq!(e.anchor(), &[2.0; 8]);
+        assert_eq!(e.stats().anchors_averaged, 1);
+        assert_eq!(e.outer.count, 5, "the lower id's accumulation phase wins");
+        // The peer applied one more update meanwhile: skipped.
+        let mut e = engine_after_digest();
+        e.on_peer_anchor(peer, state(set(&[(3, 0), (2, 0), (2, 1)])));
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        // We applied one more meanwhile: skipped.
+        let mut e = engine_after_digest();
+        e.applied.insert(UpdateId { src: me, round: 1 });
+        e.on_peer_anchor(peer, state(both.clone()));
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        // An anchor nobody asked for: ignored.
+        let mut e = engine_after_digest();
+        e.on_peer_anchor(NodeId([9; 32]), state(both.clone()));
+        assert_eq!(e.stats().anchors_averaged, 0);
     }
 }

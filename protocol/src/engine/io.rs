@@ -114,6 +114,12 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// A peer's anchor arrived after either side had applied more updates,
+    /// so averaging it would have kept half of those: skipped.
+    AnchorAverageSkipped {
+        /// The peer.
+        peer: NodeId,
+    },
 }
 
 /// What the engine asks its shell to do.
