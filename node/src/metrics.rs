@@ -67,6 +67,8 @@ pub struct NodeMetrics {
     pub ledger_records: Counter,
     /// Anchor averages by anti-entropy.
     pub anchors_averaged: Counter,
+    /// Updates that arrived after their batch closed here.
+    pub late_updates: Counter,
     /// Estimated relative distance to peers' replicas.
     pub consensus_distance: Gauge<f64, AtomicU64>,
 }
@@ -93,6 +95,7 @@ impl NodeMetrics {
             bytes_in: Family::default(),
             ledger_records: Counter::default(),
             anchors_averaged: Counter::default(),
+            late_updates: Counter::default(),
             consensus_distance: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("ragtag");
@@ -114,6 +117,11 @@ impl NodeMetrics {
         r.register("message_bytes_in", "Bytes of messages received, by kind", m.bytes_in.clone());
         r.register("ledger_records", "Ledger records written", m.ledger_records.clone());
         r.register("anchors_averaged", "Anchor averages by anti-entropy", m.anchors_averaged.clone());
+        r.register(
+            "late_updates",
+            "Updates applied one batch later than on replicas that had them in time",
+            m.late_updates.clone(),
+        );
         r.register(
             "consensus_distance",
             "Estimated relative distance to a peer's replica",

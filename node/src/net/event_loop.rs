@@ -180,6 +180,14 @@ impl EventLoop {
         self.metrics.record(&ev);
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
+                // A relay hands its external addresses to every reservation
+                // (none: the client rejects it). An address the operator
+                // chose to listen on is one they expect peers to dial.
+                if self.cfg.relay_server
+                    && !address.iter().any(|p| matches!(p, Protocol::Ip4(ip) if ip.is_unspecified()))
+                {
+                    self.swarm.add_external_address(address.clone());
+                }
                 let full = address.with(Protocol::P2p(*self.swarm.local_peer_id()));
                 self.listen.push(full.clone());
                 self.emit(Event::Listening(full));

@@ -120,6 +120,10 @@ impl Node {
                 self.metrics.anchors_averaged.inc();
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
+            EngineEvent::LateUpdate { id, key, applied_in } => {
+                self.metrics.late_updates.inc();
+                tracing::debug!("{id} arrived after batch {key} closed: applied in batch {applied_in}");
+            }
             EngineEvent::AnchorAverageSkipped { peer } => {
                 tracing::debug!("{peer:?}'s anchor arrived after the sets moved on: not averaged");
             }

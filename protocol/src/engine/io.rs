@@ -114,6 +114,16 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// An update arrived after its batch (tick or round) was closed here,
+    /// so it joins a later outer round than on replicas that had it in time.
+    LateUpdate {
+        /// The update.
+        id: UpdateId,
+        /// Its batch key.
+        key: u64,
+        /// The batch it was applied in instead.
+        applied_in: u64,
+    },
     /// A peer's anchor arrived after either side had applied more updates,
     /// so averaging it would have kept half of those: skipped.
     AnchorAverageSkipped {

@@ -209,6 +209,16 @@ impl Engine {
         // number of rounds whatever arrived late.
         let first_open = self.last_closed_key.map_or(0, |c| c + 1);
         let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
+        // Replicas that got these in time applied them in an earlier outer
+        // round: a source of drift anti-entropy must repair.
+        let late: Vec<_> = batch
+            .iter()
+            .map(|p| (p.announcement.id, self.batch_key(&p.announcement)))
+            .filter(|(_, key)| *key < first_open)
+            .collect();
+        for (id, key) in late {
+            self.event(EngineEvent::LateUpdate { id, key, applied_in: first_open });
+        }
         let mut start = 0;
         while start < batch.len() {
             let key = keys[start];

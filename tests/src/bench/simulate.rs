@@ -108,3 +108,65 @@ pub fn large(simnet: &Path, duration_s: Option<f64>) -> Vec<Figure> {
         Figure::new("large", "peak memory of the simulator process", rss, "MiB"),
     ]
 }
+
+/// The same scenario with real `ragtag` processes on loopback (simnet's
+/// real mode), one run per strategy, against ddp's real run: time to
+/// target and final loss, next to the virtual figures of `virtual_rows`.
+pub fn real_mode(simnet: &Path, scenario: &str, duration_s: f64, out: &Path, virtual_rows: &Comparison) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    let mut ddp_time = None;
+    for strategy in ["ddp", "gopals"] {
+        let dir = out.join(format!("real-{scenario}-{strategy}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let run = Command::new(simnet)
+            .args(["real", "--scenario", scenario, "--strategy", strategy, "--duration", &format!("{duration_s}")])
+            .arg("--out")
+            .arg(&dir)
+            .env("RAYON_NUM_THREADS", "1")
+            .output();
+        let summary: serde_json::Value = std::fs::read(dir.join("summary.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let row = summary["rows"].as_array().and_then(|r| r.first()).cloned().unwrap_or_default();
+        let ok = run.as_ref().is_ok_and(|o| o.status.success());
+        let time = row["time_to_target_s"].as_f64();
+        if strategy == "ddp" {
+            ddp_time = time;
+        }
+        let virt = virtual_rows.rows.iter().find(|r| r.strategy == strategy);
+        let note = format!(
+            "final loss {:.3} (virtual {}), utilisation {:.0}% (virtual {}){}",
+            row["final_loss"].as_f64().unwrap_or(f64::NAN),
+            virt.map_or("-".into(), |v| format!("{:.3}", v.final_loss)),
+            100.0 * row["utilisation"].as_f64().unwrap_or(f64::NAN),
+            virt.map_or("-".into(), |v| format!("{:.0}%", 100.0 * v.utilisation)),
+            if ok {
+                String::new()
+            } else {
+                format!(
+                    "; run failed: {}",
+                    run.map_or_else(
+                        |e| e.to_string(),
+                        |o| String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string()
+                    )
+                )
+            }
+        );
+        let mut f = Figure::new(
+            "real",
+            &format!(
+                "{strategy}: time to target, {} processes on loopback",
+                summary["runs"][0]["nodes"].as_u64().unwrap_or(0)
+            ),
+            time.unwrap_or(f64::NAN),
+            "s",
+        )
+        .with_note(note);
+        if let (Some(t), Some(d)) = (time, ddp_time) {
+            f = f.with_ratio(t / d, "of real ddp's time");
+        }
+        figures.push(f);
+    }
+    figures
+}

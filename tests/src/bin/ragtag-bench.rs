@@ -102,8 +102,18 @@ fn main() -> Result<()> {
             Strategy::Gopals,
             Strategy::GopalsAsync,
         ];
+        let simnet = repo.join("target/release/ragtag-simnet");
         for scenario in ["hetero-4x", "hetero-8x-16"] {
             let (c, t) = simulate::compare_scenario(scenario, &strategies, if full { 3 } else { 1 }, &out_dir)?;
+            if scenario == "hetero-4x" && simnet.exists() {
+                let f = simulate::real_mode(&simnet, scenario, if full { 180.0 } else { 60.0 }, &out_dir, &c);
+                section(
+                    "Real mode: hetero-4x with processes",
+                    "`ragtag-simnet real --scenario hetero-4x --strategy S --duration D`: one `ragtag` process per node on loopback, speeds as `--slowdown` factors, wall-clock time. Next to the virtual figures of the same scenario.",
+                    &f,
+                    &mut md,
+                );
+            }
             let figs = simulate::headline(&c);
             let _ = writeln!(
                 md,
@@ -112,7 +122,6 @@ fn main() -> Result<()> {
             );
             section(&format!("{scenario}: against the goals"), "", &figs, &mut md);
         }
-        let simnet = repo.join("target/release/ragtag-simnet");
         if simnet.exists() {
             let f = simulate::large(&simnet, if full { None } else { Some(30.0) });
             section(
