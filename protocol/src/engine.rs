@@ -54,6 +54,9 @@ use crate::{
 pub const MAX_AWAITING: usize = 1024;
 /// Most updates waiting for the next canonical batch.
 pub const MAX_PENDING: usize = 4096;
+/// Most holders remembered per awaited payload: enough to retry, and no
+/// per-announcement scan growing with the swarm.
+pub const MAX_FETCH_SOURCES: usize = 8;
 /// Most announcements fetched per anti-entropy exchange.
 pub const MAX_ANTI_ENTROPY_FETCHES: usize = 32;
 /// Ticks of arrival bookkeeping kept.
@@ -91,6 +94,15 @@ struct Awaiting {
     sources: Vec<NodeId>,
     tried: usize,
     since: Micros,
+}
+
+impl Awaiting {
+    /// Remembers another holder of the payload, up to [`MAX_FETCH_SOURCES`].
+    fn add_source(&mut self, from: NodeId) {
+        if self.sources.len() < MAX_FETCH_SOURCES && !self.sources.contains(&from) {
+            self.sources.push(from);
+        }
+    }
 }
 
 /// An update ready to apply at the next canonical batch.

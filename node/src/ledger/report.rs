@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 
 use ragtag_protocol::{
     identity::Signed,
-    ledger::{ChainError, ChainFault, LedgerStore, LedgerSummary, RecordBody, SignedRecord, summarize, verify_chain},
+    ledger::{
+        ChainError, ChainFault, LedgerStore, LedgerSummary, RecordBody, SignedRecord, summarize, verify_chain_on,
+    },
 };
 use serde::Serialize;
 
@@ -44,7 +46,8 @@ pub fn verify(ledger: &SledLedger) -> Result<VerifyReport, LedgerError> {
         }
     }
     let signer = records.first().and_then(|r| r.decode_unverified().ok()).map(|b| b.signer.to_hex());
-    match verify_chain(&records) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match verify_chain_on(&records, threads) {
         Ok(_) => Ok(VerifyReport { records: records.len(), signer, error: None, bad_record: None }),
         Err(e) => Ok(bad(records.len(), signer, &e)),
     }

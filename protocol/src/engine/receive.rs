@@ -52,9 +52,7 @@ impl Engine {
             return false;
         }
         if let Some(w) = self.awaiting.get_mut(&a.id) {
-            if !w.sources.contains(&from) {
-                w.sources.push(from);
-            }
+            w.add_source(from);
             return false;
         }
         if self.is_known(&a.id) {
@@ -96,10 +94,8 @@ impl Engine {
     }
 
     pub(super) fn on_payload_source(&mut self, id: UpdateId, from: NodeId) {
-        if let Some(w) = self.awaiting.get_mut(&id)
-            && !w.sources.contains(&from)
-        {
-            w.sources.push(from);
+        if let Some(w) = self.awaiting.get_mut(&id) {
+            w.add_source(from);
         }
     }
 

@@ -8,7 +8,7 @@ use ragtag_node::ledger::SledLedger;
 use ragtag_protocol::{
     Keypair,
     ids::{Hash32, RunId},
-    ledger::{LedgerWriter, RecordKind, SignedRecord, verify_chain},
+    ledger::{LedgerWriter, RecordKind, SignedRecord, verify_chain, verify_chain_on},
 };
 
 use super::Figure;
@@ -64,10 +64,24 @@ pub fn run(n: u64) -> Vec<Figure> {
     let start = Instant::now();
     verify_chain(&records).expect("valid chain");
     let batch = n as f64 / start.elapsed().as_secs_f64();
+    // As `ragtag ledger verify` runs it: on every core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let start = Instant::now();
+    verify_chain_on(&records, threads).expect("valid chain");
+    let parallel = n as f64 / start.elapsed().as_secs_f64();
     out.push(Figure::new("ledger", "verify one record at a time (baseline)", single, "records/s"));
     out.push(
         Figure::new("ledger", "verify a chain (batch signatures, links, sequence)", batch, "records/s")
             .with_ratio(batch / single, "x one at a time"),
+    );
+    out.push(
+        Figure::new(
+            "ledger",
+            &format!("verify a chain on {threads} threads (as `ragtag ledger verify` does)"),
+            parallel,
+            "records/s",
+        )
+        .with_ratio(parallel / single, "x one at a time"),
     );
     out
 }

@@ -137,6 +137,9 @@ fn main() -> Result<()> {
             );
         }
     }
+    if only.is_none() {
+        let _ = writeln!(md, "{}", include_str!("../bench/analysis.md"));
+    }
     let _ = writeln!(
         md,
         "## GPU\n\nNo CUDA GPU on this machine: the CUDA training step and its PyTorch comparison were not measured.\n"
