@@ -190,6 +190,9 @@ pub struct Engine {
     /// The anchor fetch in flight: the peer, and both sides' seen sets
     /// when its digest matched ours.
     anchor_fetch: Option<(NodeId, AppliedSet)>,
+    /// Anti-entropy runs every round while replicas are known or suspected
+    /// to differ, at its configured period otherwise.
+    repairing: bool,
     // Timers and outputs.
     wake_at: Option<Micros>,
     startup_until: Option<Micros>,
@@ -247,6 +250,7 @@ impl Engine {
             last_tick_of: BTreeMap::new(),
             last_tick_counts: BTreeMap::new(),
             anchor_fetch: None,
+            repairing: false,
             wake_at: None,
             startup_until: None,
             next_heartbeat: Micros::ZERO,
@@ -480,6 +484,9 @@ impl Engine {
         let info = PeerInfo { speed: hb.speed, last_seen: now, first_round: hb.first_round, round: hb.round };
         if self.membership.heard(hb.src, info) == membership::MembershipChange::Joined {
             self.event(EngineEvent::PeerJoined(hb.src));
+            // A (re)joining peer may hold a replica that drifted apart (a
+            // healed partition): compare at the next round, not in ten.
+            self.repairing = true;
         }
         // Tick mode: follow the clock leader's stretch of the clock.
         if let Some(seg) = hb.clock

@@ -1,11 +1,12 @@
 //! Four hosts in network namespaces split 2|2 and heal: the swarm merges
 //! again, anti-entropy repairs replicas, and no update is applied twice.
 //!
-//! Known gap (issue #9): after the heal the replicas' consensus distance
-//! stays around 0.05-0.4 instead of returning under the engine's bound; the
-//! engine-level test (`partition_then_heal_reconverges_without_double_application`)
-//! converges, the real four-process run does not yet. The distance is
-//! printed here, not asserted, until that is fixed.
+//! Known gap (issue #9): in this four-process run the replicas' distance
+//! after the heal keeps bouncing between about 0.02 and 0.2 (32-value
+//! sketches at equal versions) instead of settling under the engine's
+//! bound, while the engine-level test and the simulator's `partition`
+//! scenario do settle (to about 5e-4). The distance is printed here, not
+//! asserted, until that is found and fixed.
 
 use std::{collections::BTreeSet, time::Duration};
 

@@ -100,6 +100,10 @@ impl Engine {
         };
         self.event(EngineEvent::ConsensusDistance { peer: from, distance });
         let same_set = missing.is_empty() && mine.missing_from(&digest.applied).is_empty();
+        if same_set {
+            // Only replicas over the same updates compare meaningfully.
+            self.repairing = distance > self.cfg.anti_entropy.distance_threshold;
+        }
         if same_set && distance > self.cfg.anti_entropy.distance_threshold && self.anchor_fetch.is_none() {
             self.anchor_fetch = Some((from, mine));
             self.emit(Output::FetchAnchor { from });

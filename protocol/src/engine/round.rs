@@ -181,7 +181,7 @@ impl Engine {
         }));
         self.event(EngineEvent::RoundStarted { round, steps, base_tick });
         let every = self.cfg.anti_entropy.every_rounds as u64;
-        if every > 0 && round > self.first_round && round.is_multiple_of(every) {
+        if every > 0 && round > self.first_round && (self.repairing || round.is_multiple_of(every)) {
             self.start_anti_entropy();
         }
     }
