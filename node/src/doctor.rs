@@ -192,18 +192,7 @@ async fn network_checks(args: &DoctorArgs, psk: Option<libp2p::pnet::PreSharedKe
             return out;
         }
     };
-    let cfg = net::Config {
-        keypair: identity::libp2p_keypair(&key),
-        topic: "ragtag/doctor".into(),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("valid address")],
-        bootstrap: addrs.clone(),
-        swarm_key: psk,
-        allow: Vec::new(),
-        mdns: false,
-        quic: false,
-        dial_remote: false,
-        relay_server: false,
-    };
+    let cfg = net::Config::loopback_client(identity::libp2p_keypair(&key), "ragtag/doctor", addrs.clone(), psk);
     let mut registry = prometheus_client::registry::Registry::default();
     let (client, mut events, task) = match net::spawn(cfg, &mut registry) {
         Ok(x) => x,

@@ -206,18 +206,8 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
 
     // The manifest may have to come from peers: start a short-lived network for it.
     let manifest = if args.manifest.is_none() && args.run_id.is_some() {
-        let cfg = net::Config {
-            keypair: identity::libp2p_keypair(&identity::generate()?),
-            topic: "ragtag/manifest".into(),
-            listen: vec!["/ip4/127.0.0.1/tcp/0".parse()?],
-            bootstrap: bootstrap.clone(),
-            swarm_key,
-            allow: Vec::new(),
-            mdns: false,
-            quic: false,
-            dial_remote: false,
-            relay_server: false,
-        };
+        let keypair = identity::libp2p_keypair(&identity::generate()?);
+        let cfg = net::Config::loopback_client(keypair, "ragtag/manifest", bootstrap.clone(), swarm_key);
         let mut registry = prometheus_client::registry::Registry::default();
         let (client, _events, task) = net::spawn(cfg, &mut registry).map_err(anyhow::Error::msg)?;
         tokio::time::sleep(Duration::from_secs(1)).await;

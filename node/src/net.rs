@@ -59,6 +59,30 @@ pub struct Config {
     pub relay_server: bool,
 }
 
+impl Config {
+    /// A short-lived client on loopback with the default protocols and no
+    /// optional behaviour (the doctor, fetching a manifest from peers).
+    pub fn loopback_client(
+        keypair: libp2p::identity::Keypair,
+        topic: &str,
+        bootstrap: Vec<Multiaddr>,
+        swarm_key: Option<PreSharedKey>,
+    ) -> Self {
+        Self {
+            keypair,
+            topic: topic.into(),
+            listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("valid address")],
+            bootstrap,
+            swarm_key,
+            allow: Vec::new(),
+            mdns: false,
+            quic: false,
+            dial_remote: false,
+            relay_server: false,
+        }
+    }
+}
+
 /// What the network tells the node.
 #[derive(Debug)]
 pub enum Event {

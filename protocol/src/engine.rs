@@ -193,6 +193,8 @@ pub struct Engine {
     /// Anti-entropy runs every round while replicas are known or suspected
     /// to differ, at its configured period otherwise.
     repairing: bool,
+    /// The last tick in which a starved speed estimate was probed.
+    last_probe_tick: Option<u64>,
     // Timers and outputs.
     wake_at: Option<Micros>,
     startup_until: Option<Micros>,
@@ -251,6 +253,7 @@ impl Engine {
             last_tick_counts: BTreeMap::new(),
             anchor_fetch: None,
             repairing: false,
+            last_probe_tick: None,
             wake_at: None,
             startup_until: None,
             next_heartbeat: Micros::ZERO,

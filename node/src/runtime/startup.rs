@@ -122,7 +122,10 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin)> {
     let run_id = s.manifest.run_id();
     let t0 = Micros(s.manifest.start_ms.saturating_mul(1000));
     let me = s.key.node_id();
-    if let Some(ck) = checkpoint::load_engine(s.state, run_id)? {
+    if let Some(mut ck) = checkpoint::load_engine(s.state, run_id)? {
+        // This start's measurement, not the old process's last estimate: the
+        // machine (or its load) may have changed since.
+        ck.speed = s.speed;
         ck.replica
             .verify(&s.manifest.engine, s.initial.len())
             .map_err(|e| anyhow::anyhow!("our checkpoint does not fit the manifest: {e}"))?;

@@ -32,6 +32,13 @@ impl Engine {
         }
     }
 
+    /// One of our own updates that we published and then lost with the
+    /// process (the checkpoint we resumed from predates it): the swarm
+    /// applied it, so our replica must too.
+    fn lost_own_update(&self, id: &UpdateId) -> bool {
+        id.round < self.round && !self.applied.contains(id) && !self.given_up.contains(id) && !self.is_known(id)
+    }
+
     fn is_known(&self, id: &UpdateId) -> bool {
         self.awaiting.contains_key(id) || self.pending_ids.contains(id)
     }
@@ -43,7 +50,7 @@ impl Engine {
         if a.run_id != self.run_id || a.num_values as usize != self.anchor.len() {
             return false; // the shell's validator refuses these before us
         }
-        if a.id.src == self.me {
+        if a.id.src == self.me && !self.lost_own_update(&a.id) {
             return false; // our own, echoed back
         }
         if self.applied.contains(&a.id) || self.given_up.contains(&a.id) {

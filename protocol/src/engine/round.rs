@@ -10,6 +10,9 @@ use super::{
 };
 use crate::{ids::Hash32, ids::UpdateId, ledger::RecordKind, time::Micros, wire::UpdateAnnouncement};
 
+/// Ticks between speed probes of a node whose estimate is below h_min.
+const PROBE_EVERY_TICKS: u64 = 8;
+
 impl Engine {
     /// Starts the next round if the schedule allows it now; otherwise sets
     /// the wake-up time.
@@ -80,14 +83,22 @@ impl Engine {
             self.wake_at = Some(deadline);
             return None;
         }
-        let steps = match self.cfg.work {
+        let reserve = Micros::from_secs_f64(period.as_secs_f64() * margin as f64);
+        let usable = next.saturating_sub(now).saturating_sub(reserve).as_secs_f64();
+        let mut steps = match self.cfg.work {
             Work::Fixed => self.cfg.h,
-            Work::ProportionalToSpeed => {
-                let reserve = Micros::from_secs_f64(period.as_secs_f64() * margin as f64);
-                let usable = next.saturating_sub(now).saturating_sub(reserve).as_secs_f64();
-                (usable * self.membership.my_speed() as f64).floor() as u32
-            }
+            Work::ProportionalToSpeed => (usable * self.membership.my_speed() as f64).floor() as u32,
         };
+        // The speed estimate only changes when a phase completes: if one bad
+        // measurement (a loaded machine, a stale checkpoint) puts it below
+        // h_min per tick, the node would never train again. Early in a tick,
+        // probe with h_min steps now and then; the deadline still ends the
+        // phase on time and its measurement corrects the estimate.
+        let early = usable >= 0.5 * period.as_secs_f64();
+        if steps < self.cfg.h_min && early && self.last_probe_tick.is_none_or(|p| k >= p + PROBE_EVERY_TICKS) {
+            self.last_probe_tick = Some(k);
+            steps = self.cfg.h_min;
+        }
         // The period follows v_ref; the clock leader decides, a change takes
         // effect at a later tick boundary, and followers adopt it from the
         // leader's heartbeats.

@@ -529,6 +529,60 @@ fn checkpoint_resume_continues_the_replica() {
     assert_eq!(joined.round(), 0);
 }
 
+/// After a crash the checkpoint may predate updates we published: the
+/// swarm applied them, so a resumed replica takes them back from peers; a
+/// plain echo of an update we hold (or have not published) is ignored.
+#[test]
+fn a_resumed_node_takes_back_its_own_lost_updates() {
+    let cfg = EngineConfig::preset(Strategy::Gopals);
+    let mut updates = random_updates(&cfg, 3, 5);
+    let me = Keypair::deterministic(77, 0).node_id();
+    let peer = updates[1].0.id.src;
+    let own = |e: &mut Engine, a: &UpdateAnnouncement| {
+        e.handle(Micros(10), Input::Announcement { announcement: a.clone(), from: peer });
+        std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchPayload { .. }))
+    };
+    updates[0].0.id = UpdateId { src: me, round: 0 };
+    let mine = updates[0].0.clone();
+    // Fresh at round 0: round 0 is not published yet, so this is not ours to take.
+    let mut fresh = engine_after(cfg, &[], &updates[1..]);
+    assert!(!own(&mut fresh, &mine));
+    // Resumed past round 0 (the ledger shows we published it) without it.
+    let mut resumed = engine_after(cfg, &[], &updates[1..]);
+    resumed.advance_round_to(1);
+    assert!(own(&mut resumed, &mine), "the lost update should be fetched");
+    // Once it is applied, an echo is ignored.
+    resumed.handle(Micros(11), Input::Payload { id: mine.id, bytes: Arc::new(updates[0].1.clone()) });
+    resumed.apply_pending(None);
+    assert!(resumed.has_applied(&mine.id));
+    assert!(!own(&mut resumed, &mine));
+}
+
+/// A speed estimate too low for h_min steps per tick (one bad measurement,
+/// a stale checkpoint) must not stop a node for good: it probes.
+#[test]
+fn a_starved_speed_estimate_still_trains_now_and_then() {
+    let mut cfg = EngineConfig::preset(Strategy::Gopals);
+    cfg.schedule = Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000) };
+    let me = Keypair::deterministic(5, 0).node_id();
+    // 1 step/s: 2 steps per 2 s tick, below h_min.
+    let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 1.0, 1);
+    e.handle(Micros::ZERO, Input::Start);
+    let mut phases = Vec::new();
+    while let Some(t) = e.poll_timeout().filter(|t| *t < Micros::from_secs_f64(40.0)) {
+        e.handle_timeout(t);
+        while let Some(o) = e.poll_output() {
+            if let Output::StartLocalPhase(p) = o {
+                phases.push(p.steps);
+            }
+        }
+        if !phases.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(phases, vec![cfg.h_min], "the node never trained");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
