@@ -5,6 +5,7 @@ pub mod apply;
 pub mod ledger;
 pub mod machine;
 pub mod simulate;
+pub mod soak;
 pub mod trainer;
 pub mod transfer;
 

@@ -9,7 +9,7 @@ use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::Result;
 use ragtag_protocol::engine::Strategy;
-use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, trainer, transfer};
+use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, trainer, transfer};
 
 #[global_allocator]
 static ALLOC: bench::CountingAllocator = bench::CountingAllocator;
@@ -80,6 +80,17 @@ fn main() -> Result<()> {
         section(
             "Payload transfer",
             "A 5M-parameter f32 payload (20 MiB) between two processes' worth of libp2p stacks in one process, over loopback, against raw TCP.",
+            &f,
+            &mut md,
+        );
+    }
+    if wants("soak") {
+        let ragtag = repo.join("target/release/ragtag");
+        let seconds = if full { 600 } else { 120 };
+        let f = soak::run(&ragtag, 16, seconds);
+        section(
+            &format!("Soak: 16 processes for {seconds} s"),
+            "16 `ragtag run` processes of the built-in run on loopback (RAYON_NUM_THREADS=1, RUST_LOG=warn) on this 2-core machine. Memory must stay flat: the ratio compares the late figure with the early one.",
             &f,
             &mut md,
         );

@@ -1,0 +1,130 @@
+//! Soak: many `ragtag` processes on loopback for minutes. Memory of every
+//! process near the start and near the end (it must stay flat), updates
+//! applied per second, and every warning or error they logged.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use super::Figure;
+
+/// Resident memory of a process in MiB (Linux), if it still runs.
+fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+struct Soaked {
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+}
+
+fn spawn(ragtag: &Path, state: &Path, duration_s: u64, bootstrap: Option<&str>) -> std::io::Result<Soaked> {
+    let mut cmd = Command::new(ragtag);
+    cmd.args(["run", "--json", "--duration", &duration_s.to_string(), "--state"])
+        .arg(state)
+        .env("RAYON_NUM_THREADS", "1")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(addr) = bootstrap {
+        cmd.args(["--bootstrap", addr]);
+    }
+    let mut child = cmd.spawn()?;
+    let lines = |r: Box<dyn std::io::Read + Send>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        rx
+    };
+    let stdout = lines(Box::new(child.stdout.take().expect("piped")));
+    let stderr = lines(Box::new(child.stderr.take().expect("piped")));
+    Ok(Soaked { child, stdout, stderr })
+}
+
+/// Runs `nodes` processes of the built-in run for `duration_s` seconds.
+pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
+    let fail = |why: String| vec![Figure::new("soak", "soak run", f64::NAN, "").with_note(why)];
+    let dir = std::env::temp_dir().join(format!("ragtag-soak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = match spawn(ragtag, &dir.join("n0"), duration_s + 10, None) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("cannot start {}: {e}", ragtag.display())),
+    };
+    let Some(addr) = first
+        .stderr
+        .recv_timeout(Duration::from_secs(30))
+        .into_iter()
+        .chain(first.stderr.iter())
+        .find_map(|l| l.strip_prefix("listening on ").map(str::to_string))
+    else {
+        return fail("the first node printed no address".into());
+    };
+    let mut procs = vec![first];
+    for i in 1..nodes {
+        match spawn(ragtag, &dir.join(format!("n{i}")), duration_s, Some(&addr)) {
+            Ok(p) => procs.push(p),
+            Err(e) => return fail(format!("cannot start node {i}: {e}")),
+        }
+    }
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(30));
+    let early: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(40)));
+    let late: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    let mut applied = Vec::new();
+    let mut problems = Vec::new();
+    let mut clean = 0;
+    for p in &mut procs {
+        if p.child.wait().is_ok_and(|s| s.success()) {
+            clean += 1;
+        }
+        let exit = p.stdout.try_iter().filter(|l| l.contains("\"event\":\"exit\"")).last();
+        let v: serde_json::Value = exit.and_then(|l| serde_json::from_str(&l).ok()).unwrap_or_default();
+        if let Some(a) = v["outcome"]["applied"].as_f64() {
+            applied.push(a);
+        }
+        problems.extend(p.stderr.try_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")));
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let growth = mean(&late) / mean(&early).max(1e-9);
+    let mut sample: Vec<String> = problems.iter().take(3).cloned().collect();
+    sample.iter_mut().for_each(|s| s.truncate(160));
+    vec![
+        Figure::new(
+            "soak",
+            &format!("memory per process after 30 s ({} processes, baseline)", early.len()),
+            mean(&early),
+            "MiB",
+        )
+        .with_note(format!("max {:.1} MiB", max(&early))),
+        Figure::new(
+            "soak",
+            &format!("memory per process after {} s", duration_s.saturating_sub(10)),
+            mean(&late),
+            "MiB",
+        )
+        .with_ratio(growth, "x the early figure")
+        .with_note(format!("max {:.1} MiB", max(&late))),
+        Figure::new("soak", "updates applied per second per process", mean(&applied) / duration_s as f64, "updates/s")
+            .with_note(format!(
+                "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",
+                applied.len()
+            )),
+        Figure::new("soak", "warnings and errors logged (all processes)", problems.len() as f64, "lines")
+            .with_note(if sample.is_empty() { "none".into() } else { sample.join(" | ") }),
+    ]
+}
