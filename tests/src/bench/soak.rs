@@ -12,6 +12,9 @@ use std::{
 
 use super::Figure;
 
+/// Lines of output kept per process stream until the run ends.
+const LINE_BUFFER: usize = 1 << 16;
+
 /// Resident memory of a process in MiB (Linux), if it still runs.
 fn rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -39,7 +42,9 @@ fn spawn(ragtag: &Path, state: &Path, duration_s: u64, bootstrap: Option<&str>) 
     }
     let mut child = cmd.spawn()?;
     let lines = |r: Box<dyn std::io::Read + Send>| {
-        let (tx, rx) = mpsc::channel();
+        // Read continuously so a node never blocks on a full pipe; a 10-minute
+        // run prints about a thousand lines, far below this bound.
+        let (tx, rx) = mpsc::sync_channel(LINE_BUFFER);
         std::thread::spawn(move || {
             for line in BufReader::new(r).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
