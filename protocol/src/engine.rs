@@ -187,8 +187,8 @@ pub struct Engine {
     /// peers have each value: tick completeness in O(log N).
     last_tick_of: BTreeMap<NodeId, u64>,
     last_tick_counts: BTreeMap<u64, u32>,
-    /// The anchor fetch in flight: the peer, and both sides' seen sets
-    /// when its digest matched ours.
+    /// The anchor fetch in flight: the peer, and the seen set its digest
+    /// and ours matched on.
     anchor_fetch: Option<(NodeId, AppliedSet)>,
     /// Anti-entropy runs every round while replicas are known or suspected
     /// to differ, at its configured period otherwise.

@@ -41,18 +41,8 @@ fn own_update(key: &Keypair, template: &UpdateAnnouncement, round: u64, codec: C
 /// A network client of our own on the run's topic, dialing `addr`.
 fn client(key: &Keypair, addr: &str) -> (net::Client, tokio::sync::mpsc::Receiver<net::Event>) {
     let run_id = Manifest::builtin(Strategy::Gopals).run_id();
-    let cfg = net::Config {
-        keypair: identity::libp2p_keypair(key),
-        topic: format!("ragtag/{run_id}"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
-        bootstrap: vec![addr.parse().unwrap()],
-        swarm_key: None,
-        allow: Vec::new(),
-        mdns: false,
-        quic: false,
-        dial_remote: false,
-        relay_server: false,
-    };
+    let topic = format!("ragtag/{run_id}");
+    let cfg = net::Config::loopback_client(identity::libp2p_keypair(key), &topic, vec![addr.parse().unwrap()], None);
     let mut reg = prometheus_client::registry::Registry::default();
     let (client, events, _task) = net::spawn(cfg, &mut reg).unwrap();
     (client, events)

@@ -118,13 +118,13 @@ impl Engine {
         // either side applied anything since, averaging would keep half of
         // those updates on one replica. Only average the sets the digests
         // matched on; the next digest retries.
-        let Some((asked, seen_then)) = self.anchor_fetch.take_if(|(peer, _)| *peer == from) else {
+        let Some((_, seen_then)) = self.anchor_fetch.take_if(|(peer, _)| *peer == from) else {
             return;
         };
         let mine = self.seen();
         let unchanged = mine.missing_from(&seen_then).is_empty() && seen_then.missing_from(&mine).is_empty();
         if !unchanged || !state.applied.missing_from(&seen_then).is_empty() {
-            self.event(EngineEvent::AnchorAverageSkipped { peer: asked });
+            self.event(EngineEvent::AnchorAverageSkipped { peer: from });
             return;
         }
         let anchor = Arc::make_mut(&mut self.anchor);

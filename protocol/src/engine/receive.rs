@@ -211,16 +211,14 @@ impl Engine {
         // folded into the next open key, so every replica closes the same
         // number of rounds whatever arrived late.
         let first_open = self.last_closed_key.map_or(0, |c| c + 1);
-        let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
-        // Replicas that got these in time applied them in an earlier outer
-        // round: a source of drift anti-entropy must repair.
-        let late: Vec<_> = batch
-            .iter()
-            .map(|p| (p.announcement.id, self.batch_key(&p.announcement)))
-            .filter(|(_, key)| *key < first_open)
-            .collect();
-        for (id, key) in late {
-            self.event(EngineEvent::LateUpdate { id, key, applied_in: first_open });
+        // Replicas that got a late update in time applied it in an earlier
+        // outer round: a source of drift anti-entropy must repair.
+        let mut keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement)).collect();
+        for (p, key) in batch.iter().zip(keys.iter_mut()) {
+            if *key < first_open {
+                self.event(EngineEvent::LateUpdate { id: p.announcement.id, key: *key, applied_in: first_open });
+                *key = first_open;
+            }
         }
         let mut start = 0;
         while start < batch.len() {

@@ -14,18 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{Figure, median};
 
 fn config(name: &str) -> net::Config {
-    net::Config {
-        keypair: identity::libp2p_keypair(&identity::generate().expect("randomness")),
-        topic: format!("ragtag/bench/{name}"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("address")],
-        bootstrap: Vec::new(),
-        swarm_key: None,
-        allow: Vec::new(),
-        mdns: false,
-        quic: false,
-        dial_remote: false,
-        relay_server: false,
-    }
+    let keypair = identity::libp2p_keypair(&identity::generate().expect("randomness"));
+    net::Config::loopback_client(keypair, &format!("ragtag/bench/{name}"), Vec::new(), None)
 }
 
 async fn libp2p_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
