@@ -69,6 +69,8 @@ pub struct NodeMetrics {
     pub anchors_averaged: Counter,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
+    /// Dials that failed (a peer gone, or unreachable).
+    pub dial_failures: Counter,
     /// Estimated relative distance to peers' replicas.
     pub consensus_distance: Gauge<f64, AtomicU64>,
 }
@@ -96,6 +98,7 @@ impl NodeMetrics {
             ledger_records: Counter::default(),
             anchors_averaged: Counter::default(),
             late_updates: Counter::default(),
+            dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("ragtag");
@@ -122,6 +125,7 @@ impl NodeMetrics {
             "Updates applied one batch later than on replicas that had them in time",
             m.late_updates.clone(),
         );
+        r.register("dial_failures", "Dials that failed", m.dial_failures.clone());
         r.register(
             "consensus_distance",
             "Estimated relative distance to a peer's replica",

@@ -90,6 +90,8 @@ pub enum Event {
     Gossip {
         /// The peer that forwarded it.
         propagation_source: PeerId,
+        /// The peer that published it (signed by gossipsub).
+        author: Option<PeerId>,
         /// Its gossipsub id.
         message_id: libp2p::gossipsub::MessageId,
         /// The bytes.

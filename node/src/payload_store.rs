@@ -1,12 +1,19 @@
-//! Recent updates this node can serve: signed announcements and payloads,
-//! bounded in count and bytes (oldest evicted first).
+//! Recent updates this node can serve: signed announcements and payloads.
+//! A peer only asks for an update while it is fresh enough to apply, so the
+//! store keeps the newest few rounds of each source (beyond the staleness
+//! horizon nobody wants them) and bounds the total count and bytes too: its
+//! memory stays flat however long the run (oldest evicted first).
 
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::Arc,
 };
 
-use ragtag_protocol::{identity::Signed, ids::UpdateId, wire::UpdateAnnouncement};
+use ragtag_protocol::{
+    identity::Signed,
+    ids::{NodeId, UpdateId},
+    wire::UpdateAnnouncement,
+};
 
 /// A stored update.
 #[derive(Debug, Clone)]
@@ -22,21 +29,51 @@ pub struct StoredUpdate {
 pub struct PayloadStore {
     items: BTreeMap<UpdateId, StoredUpdate>,
     order: VecDeque<UpdateId>,
+    /// Rounds held per source, oldest first.
+    per_source: BTreeMap<NodeId, VecDeque<u64>>,
     bytes: usize,
     max_items: usize,
     max_bytes: usize,
+    max_per_source: usize,
 }
 
 impl PayloadStore {
-    /// A store of at most `max_items` updates and `max_bytes` of payload.
-    pub fn new(max_items: usize, max_bytes: usize) -> Self {
-        Self { items: BTreeMap::new(), order: VecDeque::new(), bytes: 0, max_items: max_items.max(1), max_bytes }
+    /// A store of at most `max_items` updates, `max_bytes` of payload and
+    /// the newest `max_per_source` rounds of each source.
+    pub fn new(max_items: usize, max_bytes: usize, max_per_source: usize) -> Self {
+        Self {
+            items: BTreeMap::new(),
+            order: VecDeque::new(),
+            per_source: BTreeMap::new(),
+            bytes: 0,
+            max_items: max_items.max(1),
+            max_bytes,
+            max_per_source: max_per_source.max(1),
+        }
     }
 
-    /// Keeps an update (no-op if already held).
+    /// Rounds of one source worth keeping for a staleness horizon of
+    /// `tau_max` ticks (a node publishes at most one round per tick), with
+    /// a margin for fetches in flight; bounded for unbounded horizons.
+    pub fn rounds_for_horizon(tau_max: u32) -> usize {
+        (2 * tau_max as usize).saturating_add(4).clamp(8, 64)
+    }
+
+    /// Keeps an update (no-op if already held, or older than every round
+    /// kept of a source that is at its bound).
     pub fn insert(&mut self, id: UpdateId, update: StoredUpdate) {
         if self.items.contains_key(&id) {
             return;
+        }
+        let rounds = self.per_source.entry(id.src).or_default();
+        if rounds.len() >= self.max_per_source && rounds.front().is_some_and(|&r| id.round < r) {
+            return;
+        }
+        let at = rounds.partition_point(|&r| r < id.round);
+        rounds.insert(at, id.round);
+        let evicted = if rounds.len() > self.max_per_source { rounds.pop_front() } else { None };
+        if let Some(round) = evicted {
+            self.forget(&UpdateId { src: id.src, round });
         }
         self.bytes += update.payload.len();
         self.items.insert(id, update);
@@ -45,6 +82,25 @@ impl PayloadStore {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(u) = self.items.remove(&old) {
                 self.bytes -= u.payload.len();
+                self.drop_round(&old);
+            }
+        }
+    }
+
+    /// Removes an update evicted by its source's bound (its place in
+    /// `order` is skipped when reached).
+    fn forget(&mut self, id: &UpdateId) {
+        if let Some(u) = self.items.remove(id) {
+            self.bytes -= u.payload.len();
+        }
+        self.order.retain(|o| o != id);
+    }
+
+    fn drop_round(&mut self, id: &UpdateId) {
+        if let Some(rounds) = self.per_source.get_mut(&id.src) {
+            rounds.retain(|&r| r != id.round);
+            if rounds.is_empty() {
+                self.per_source.remove(&id.src);
             }
         }
     }
@@ -105,7 +161,7 @@ mod tests {
     #[test]
     fn evicts_oldest_beyond_limits() {
         let k = Keypair::deterministic(1, 0);
-        let mut s = PayloadStore::new(3, 250);
+        let mut s = PayloadStore::new(3, 250, 8);
         for r in 0..3 {
             let (id, u) = update(&k, r, 100);
             s.insert(id, u);
@@ -114,5 +170,42 @@ mod tests {
         assert!(s.get(&UpdateId { src: k.node_id(), round: 0 }).is_none());
         assert!(s.get(&UpdateId { src: k.node_id(), round: 2 }).is_some());
         assert_eq!(s.bytes(), 200);
+    }
+
+    /// However long a run goes on, each source keeps only its newest rounds:
+    /// the store (and the node's memory) stays flat.
+    #[test]
+    fn each_source_keeps_only_its_newest_rounds() {
+        let keys: Vec<_> = (0..4).map(|i| Keypair::deterministic(i, 0)).collect();
+        let mut s = PayloadStore::new(4096, 1 << 30, 5);
+        for round in 0..1000 {
+            for k in &keys {
+                let (id, u) = update(k, round, 10);
+                s.insert(id, u);
+            }
+        }
+        assert_eq!(s.len(), 4 * 5);
+        assert_eq!(s.bytes(), 4 * 5 * 10);
+        assert_eq!(s.order.len(), s.len());
+        for k in &keys {
+            assert!(s.get(&UpdateId { src: k.node_id(), round: 999 }).is_some());
+            assert!(s.get(&UpdateId { src: k.node_id(), round: 995 }).is_some());
+            assert!(s.get(&UpdateId { src: k.node_id(), round: 994 }).is_none());
+        }
+        // A late, older round of a full source is not worth keeping.
+        let (id, u) = update(&keys[0], 3, 10);
+        s.insert(id, u);
+        assert!(s.get(&id).is_none());
+        // Rounds arriving out of order still leave the newest ones.
+        let (id, u) = update(&keys[0], 997, 10);
+        s.insert(id, u);
+        assert_eq!(s.len(), 4 * 5);
+    }
+
+    #[test]
+    fn the_horizon_bound_covers_the_staleness_window() {
+        assert_eq!(PayloadStore::rounds_for_horizon(10), 24);
+        assert_eq!(PayloadStore::rounds_for_horizon(0), 8);
+        assert_eq!(PayloadStore::rounds_for_horizon(u32::MAX), 64);
     }
 }

@@ -8,7 +8,7 @@ mod outputs;
 pub mod startup;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
@@ -42,6 +42,8 @@ use crate::{
 
 /// Internal results queued at most (fetches finishing).
 const INTERNAL_CAPACITY: usize = 1024;
+/// Unreachable peers remembered for logging at most.
+const MAX_UNREACHABLE_LOGGED: usize = 1024;
 /// Distinct (peer, reason) pairs logged at most.
 const MAX_LOGGED_REJECTIONS: usize = 10_000;
 /// Announcements remembered for validating fetched payloads at most.
@@ -130,10 +132,13 @@ pub(crate) struct Node {
     status: Arc<RwLock<Status>>,
     logged: BTreeSet<(PeerId, RejectReason)>,
     rejected: BTreeMap<String, u64>,
-    state_snapshot: Option<(Hash32, Arc<Vec<u8>>, Instant)>,
+    /// Replica-state snapshots of transfers in progress, newest last.
+    state_snapshots: VecDeque<outputs::StateSnapshot>,
     started: Instant,
     busy_s: f64,
     connected: BTreeSet<PeerId>,
+    /// Peers whose failed dial was logged since they were last connected.
+    unreachable: BTreeSet<PeerId>,
     listen: Vec<Multiaddr>,
     reachability: String,
     eval: Option<ragtag_models::EvalResult>,
@@ -260,6 +265,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
 
     let (internal_tx, mut internal_rx) = mpsc::channel(INTERNAL_CAPACITY);
     let num_values = trainer.info.initial.len() as u64;
+    let store_rounds = PayloadStore::rounds_for_horizon(engine.config().staleness.tau_max);
     let mut node = Node {
         validator: UpdateValidator::new(run_id, num_values, opts.allow.clone()),
         me,
@@ -270,16 +276,17 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         trainer,
         net: net.clone(),
         internal_tx,
-        store: PayloadStore::new(4096, 512 << 20),
+        store: PayloadStore::new(4096, 512 << 20, store_rounds),
         announced: BTreeMap::new(),
         metrics,
         status,
         logged: BTreeSet::new(),
         rejected: BTreeMap::new(),
-        state_snapshot: None,
+        state_snapshots: VecDeque::new(),
         started: Instant::now(),
         busy_s: 0.0,
         connected,
+        unreachable: BTreeSet::new(),
         listen,
         reachability: "unknown".into(),
         eval: None,

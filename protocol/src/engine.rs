@@ -54,6 +54,9 @@ use crate::{
 pub const MAX_AWAITING: usize = 1024;
 /// Most updates waiting for the next canonical batch.
 pub const MAX_PENDING: usize = 4096;
+/// A node that fetched a payload announces it holds it only while it knew
+/// fewer holders than this (the source included).
+pub const ANNOUNCE_HELD_BELOW: usize = 3;
 /// Most holders remembered per awaited payload: enough to retry, and no
 /// per-announcement scan growing with the swarm.
 pub const MAX_FETCH_SOURCES: usize = 8;
@@ -187,9 +190,8 @@ pub struct Engine {
     /// peers have each value: tick completeness in O(log N).
     last_tick_of: BTreeMap<NodeId, u64>,
     last_tick_counts: BTreeMap<u64, u32>,
-    /// The anchor fetch in flight: the peer, and the seen set its digest
-    /// and ours matched on.
-    anchor_fetch: Option<(NodeId, AppliedSet)>,
+    /// The anchor fetch in flight.
+    anchor_fetch: Option<anti_entropy::AnchorFetch>,
     /// Anti-entropy runs every round while replicas are known or suspected
     /// to differ, at its configured period otherwise.
     repairing: bool,

@@ -225,7 +225,14 @@ pub enum Message {
         #[serde(with = "serde_bytes")]
         payload: Vec<u8>,
     },
+    /// The receipts of one applied batch (gossip): one message per batch
+    /// instead of one per update, at most [`MAX_RECEIPTS_PER_MESSAGE`].
+    Receipts(Vec<SignedRecord>),
 }
+
+/// Receipts in one [`Message::Receipts`]; every one fits in a gossip
+/// message (a receipt record is about 300 bytes).
+pub const MAX_RECEIPTS_PER_MESSAGE: usize = 128;
 
 /// Payloads up to this size travel inline with their announcement in one
 /// gossip message; larger ones are pulled by request-response.
@@ -266,11 +273,13 @@ pub enum MessageKind {
     ProbeReply = 14,
     /// See [`Message::Update`].
     Update = 15,
+    /// See [`Message::Receipts`].
+    Receipts = 16,
 }
 
 impl MessageKind {
     /// All kinds.
-    pub const ALL: [MessageKind; 16] = [
+    pub const ALL: [MessageKind; 17] = [
         MessageKind::Announce,
         MessageKind::Receipt,
         MessageKind::Heartbeat,
@@ -287,6 +296,7 @@ impl MessageKind {
         MessageKind::Probe,
         MessageKind::ProbeReply,
         MessageKind::Update,
+        MessageKind::Receipts,
     ];
 
     fn from_byte(b: u8) -> Option<Self> {
@@ -308,7 +318,7 @@ impl MessageKind {
             MessageKind::Error => 16,
             MessageKind::Probe => 16,
             MessageKind::ProbeReply => MAX_CHUNK_BYTES + 16,
-            MessageKind::Update => MAX_GOSSIP_BYTES,
+            MessageKind::Update | MessageKind::Receipts => MAX_GOSSIP_BYTES,
         }
     }
 
@@ -331,6 +341,7 @@ impl MessageKind {
             MessageKind::Probe => "probe",
             MessageKind::ProbeReply => "probe_reply",
             MessageKind::Update => "update",
+            MessageKind::Receipts => "receipts",
         }
     }
 }
@@ -360,6 +371,7 @@ impl Message {
             Message::Probe(_) => MessageKind::Probe,
             Message::ProbeReply(_) => MessageKind::ProbeReply,
             Message::Update { .. } => MessageKind::Update,
+            Message::Receipts(_) => MessageKind::Receipts,
         }
     }
 
@@ -458,7 +470,7 @@ mod tests {
         let receipt = ledger.next(5, RecordKind::Leave { round: 1, reason: "bye".into() });
         vec![
             Message::Announce(Signed::sign(&sample_announcement(&k), &k)),
-            Message::Receipt(receipt),
+            Message::Receipt(receipt.clone()),
             Message::Heartbeat(Signed::sign(
                 &Heartbeat {
                     run_id,
@@ -495,6 +507,7 @@ mod tests {
             Message::Probe(1000),
             Message::ProbeReply(vec![0; 1000]),
             Message::Update { announcement: Signed::sign(&sample_announcement(&k), &k), payload: vec![1; 100] },
+            Message::Receipts(vec![receipt.clone(), receipt]),
         ]
     }
 
@@ -509,6 +522,27 @@ mod tests {
             assert!(bytes.len() <= m.kind().max_len());
             assert_eq!(Message::decode(&bytes).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn a_full_batch_of_receipts_fits_one_gossip_message() {
+        let k = Keypair::deterministic(5, 0);
+        let mut ledger = LedgerWriter::new(k.clone(), RunId(Hash32([7; 32])));
+        let receipts = (0..MAX_RECEIPTS_PER_MESSAGE as u64)
+            .map(|i| {
+                let kind = RecordKind::Receipt {
+                    update: UpdateId { src: NodeId([0xff; 32]), round: u64::MAX - i },
+                    payload_hash: Hash32([0xff; 32]),
+                    samples: u64::MAX,
+                    outcome: crate::ledger::ReceiptOutcome::Accepted { weight: 1.0, staleness: u32::MAX },
+                };
+                ledger.next(u64::MAX, kind)
+            })
+            .collect();
+        let m = Message::Receipts(receipts);
+        let bytes = m.encode();
+        assert!(bytes.len() <= MessageKind::Receipts.max_len(), "{} bytes", bytes.len());
+        assert_eq!(Message::decode(&bytes).unwrap(), m);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub const INLINE_PAYLOAD_BYTES: usize = 48 * 1024;
 const SIGNED_OVERHEAD: usize = 72;
 /// Size of a heartbeat on the wire.
 const HEARTBEAT_BYTES: usize = 120;
+/// A signed "I hold this payload" gossip message.
+const HAVE_BYTES: usize = 180;
 /// Size of a fetch request.
 const REQUEST_BYTES: usize = 64;
 /// Published updates stay fetchable this long (virtual seconds).

@@ -84,7 +84,7 @@ fn every_bad_input_is_rejected_with_its_reason() {
         let mut sources = std::collections::BTreeSet::new();
         while sources.len() < 2 {
             let ev = tokio::time::timeout(T, events.recv()).await.expect("honest gossip").expect("network");
-            if let net::Event::Gossip { propagation_source, message_id, data } = ev {
+            if let net::Event::Gossip { propagation_source, message_id, data, .. } = ev {
                 listener.report(message_id, propagation_source, libp2p::gossipsub::MessageAcceptance::Accept).await;
                 if let Ok(Message::Update { announcement, payload }) = Message::decode(&data)
                     && sources.insert(announcement.decode_unverified().unwrap().id.src)

@@ -38,6 +38,9 @@ pub struct SledLedger {
     receipts: sled::Tree,
 }
 
+/// sled's page cache bound.
+const CACHE_BYTES: u64 = 32 << 20;
+
 fn encode(r: &SignedRecord) -> Vec<u8> {
     postcard::to_allocvec(r).expect("encoding to a Vec cannot fail")
 }
@@ -49,7 +52,9 @@ fn decode(bytes: &[u8], seq: u64) -> Result<SignedRecord, LedgerError> {
 impl SledLedger {
     /// Opens (or creates) the ledger in `dir`.
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
-        let db = sled::Config::new().path(dir).flush_every_ms(None).open()?;
+        // sled caches up to 1 GiB by default; a volunteer's node runs for
+        // days, and its ledger is read back rarely.
+        let db = sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).flush_every_ms(None).open()?;
         let own = db.open_tree("own")?;
         let receipts = db.open_tree("receipts")?;
         Ok(Self { db, own, receipts })

@@ -237,7 +237,12 @@ impl EventLoop {
                         );
                         return;
                     }
-                    self.emit(Event::Gossip { propagation_source, message_id, data: message.data });
+                    self.emit(Event::Gossip {
+                        propagation_source,
+                        message_id,
+                        author: message.source,
+                        data: message.data,
+                    });
                 }
             }
             NodeBehaviourEvent::Rr(e) => self.on_request_response(e),

@@ -7,14 +7,28 @@
 //! strong signal, so time in mesh earns slowly and misbehaviour is
 //! remembered for minutes.
 
-use std::time::Duration;
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use libp2p::gossipsub::{PeerScoreParams, PeerScoreThresholds, TopicHash, TopicScoreParams};
+
+/// Peers on one IP address before the colocation penalty (P6) starts.
+/// libp2p's default of 10 graylisted every node of a 16-node swarm on one
+/// machine (−5 × (16 − 10)² = −180 < −80), and volunteers behind one NAT
+/// (a lab, a campus) are many more than ten.
+const COLOCATED_PEERS: f64 = 64.0;
 
 /// Peer-score parameters for the run's one topic.
 pub(super) fn params(topic: TopicHash) -> PeerScoreParams {
     let mut params = PeerScoreParams::default();
     params.topics.insert(topic, topic_params());
+    params.ip_colocation_factor_threshold = COLOCATED_PEERS;
+    // Nodes on this machine are not a Sybil attack.
+    params
+        .ip_colocation_factor_whitelist
+        .extend([IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(Ipv6Addr::LOCALHOST)]);
     params
 }
 
@@ -58,6 +72,23 @@ mod tests {
         let p = params(IdentTopic::new("t").hash());
         p.validate().unwrap();
         thresholds().validate().unwrap();
+    }
+
+    /// P6 alone: `weight × (peers on the address − threshold)²`.
+    fn colocation_score(p: &PeerScoreParams, peers: f64) -> f64 {
+        let over = (peers - p.ip_colocation_factor_threshold).max(0.0);
+        p.ip_colocation_factor_weight * over * over
+    }
+
+    #[test]
+    fn many_honest_peers_on_one_address_are_not_graylisted() {
+        let p = params(IdentTopic::new("t").hash());
+        assert!(p.ip_colocation_factor_whitelist.contains(&IpAddr::from(Ipv4Addr::LOCALHOST)));
+        // Forty volunteers behind one NAT keep a neutral score; with the
+        // default threshold they were graylisted.
+        assert!(colocation_score(&p, 40.0) > thresholds().gossip_threshold);
+        let default = PeerScoreParams::default();
+        assert!(colocation_score(&default, 16.0) < thresholds().graylist_threshold);
     }
 
     #[test]

@@ -9,17 +9,17 @@ use ragtag_protocol::{
     engine::Input,
     ledger::{LedgerStore, RecordKind},
     validate::RejectReason,
-    wire::{ErrorReply, Message, MessageKind, UpdateAnnouncement},
+    wire::{ErrorReply, MAX_RECEIPTS_PER_MESSAGE, Message, MessageKind, UpdateAnnouncement},
 };
 
-use super::{Internal, MAX_ANNOUNCED, Node, fetch, now};
+use super::{Internal, MAX_ANNOUNCED, MAX_UNREACHABLE_LOGGED, Node, fetch, now};
 use crate::{net, payload_store::StoredUpdate};
 
 impl Node {
     pub(crate) async fn on_net_event(&mut self, ev: net::Event) {
         match ev {
-            net::Event::Gossip { propagation_source, message_id, data } => {
-                let acceptance = self.on_gossip(propagation_source, data).await;
+            net::Event::Gossip { propagation_source, message_id, author, data } => {
+                let acceptance = self.on_gossip(propagation_source, author, data).await;
                 self.net.report(message_id, propagation_source, acceptance).await;
             }
             net::Event::Request { peer, id, message } => {
@@ -30,12 +30,23 @@ impl Node {
             net::Event::Listening(a) => self.listen.push(a),
             net::Event::Connected(p) => {
                 self.connected.insert(p);
+                self.unreachable.remove(&p);
             }
             net::Event::Disconnected(p) => {
                 self.connected.remove(&p);
             }
             net::Event::DialFailed { peer, error } => {
-                tracing::warn!("cannot reach {}: {error}", peer.map_or("a peer".into(), |p| p.to_string()));
+                // A peer that left is dialled again by every fetch and
+                // query that still names it: say so once until it is back.
+                self.metrics.dial_failures.inc();
+                let first =
+                    peer.is_none_or(|p| self.unreachable.len() < MAX_UNREACHABLE_LOGGED && self.unreachable.insert(p));
+                let who = peer.map_or("a peer".into(), |p| p.to_string());
+                if first {
+                    tracing::warn!("cannot reach {who}: {error}");
+                } else {
+                    tracing::debug!("cannot reach {who}: {error}");
+                }
             }
             net::Event::Reachability(r) => {
                 tracing::info!("reachability: {r}");
@@ -65,7 +76,7 @@ impl Node {
     }
 
     /// Validates a gossip message and hands what is valid to the engine.
-    async fn on_gossip(&mut self, from: PeerId, data: Vec<u8>) -> MessageAcceptance {
+    async fn on_gossip(&mut self, from: PeerId, author: Option<PeerId>, data: Vec<u8>) -> MessageAcceptance {
         self.bytes_in += data.len() as u64;
         let msg = match Message::decode(&data) {
             Ok(m) => m,
@@ -145,28 +156,15 @@ impl Node {
                     MessageAcceptance::Reject
                 }
             },
-            Message::Receipt(record) => match record.open() {
-                Ok(body) if body.run_id != self.engine.run_id() => {
-                    self.reject(Some(from), RejectReason::WrongRun, "a receipt");
-                    MessageAcceptance::Reject
-                }
-                Ok(body) => {
-                    if let RecordKind::Receipt { update, .. } = &body.kind
-                        && update.src == self.me
-                        && body.signer != self.me
-                        && let Err(e) = self.ledger.keep_receipt(&record)
-                    {
-                        tracing::warn!("cannot keep a receipt: {e}");
-                    }
-                    MessageAcceptance::Accept
-                }
-                Err(_) => {
-                    self.reject(Some(from), RejectReason::BadSignature, "a receipt");
-                    MessageAcceptance::Reject
-                }
-            },
+            Message::Receipt(record) => self.on_receipts(from, std::slice::from_ref(&record)),
+            Message::Receipts(records) if records.len() > MAX_RECEIPTS_PER_MESSAGE => {
+                self.reject(Some(from), RejectReason::TooLarge, "a receipt batch");
+                MessageAcceptance::Reject
+            }
+            Message::Receipts(records) => self.on_receipts(from, &records),
             Message::Have(h) if h.run_id == self.engine.run_id() => {
-                if let Some(node) = Self::node_of(&from) {
+                // The holder is who published it, not who forwarded it.
+                if let Some(node) = author.as_ref().and_then(Self::node_of) {
                     self.engine.handle(now(), Input::PayloadSource { id: h.id, from: node });
                 }
                 MessageAcceptance::Accept
@@ -180,6 +178,39 @@ impl Node {
                 MessageAcceptance::Reject
             }
         }
+    }
+
+    /// Receipts: all verified before any is kept (one bad signature or
+    /// foreign run rejects the message); those for our updates go to the
+    /// ledger as proof of credit.
+    fn on_receipts(&mut self, from: PeerId, records: &[ragtag_protocol::ledger::SignedRecord]) -> MessageAcceptance {
+        let mut ours = Vec::new();
+        for record in records {
+            match record.open() {
+                Ok(body) if body.run_id != self.engine.run_id() => {
+                    self.reject(Some(from), RejectReason::WrongRun, "a receipt");
+                    return MessageAcceptance::Reject;
+                }
+                Ok(body) => {
+                    if let RecordKind::Receipt { update, .. } = &body.kind
+                        && update.src == self.me
+                        && body.signer != self.me
+                    {
+                        ours.push(record);
+                    }
+                }
+                Err(_) => {
+                    self.reject(Some(from), RejectReason::BadSignature, "a receipt");
+                    return MessageAcceptance::Reject;
+                }
+            }
+        }
+        for record in ours {
+            if let Err(e) = self.ledger.keep_receipt(record) {
+                tracing::warn!("cannot keep a receipt: {e}");
+            }
+        }
+        MessageAcceptance::Accept
     }
 
     fn remember(&mut self, a: &UpdateAnnouncement, signed: &ragtag_protocol::Signed<UpdateAnnouncement>) {
@@ -256,7 +287,6 @@ impl Node {
                         let payload = Arc::new(bytes);
                         self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
                         self.engine.handle(now(), Input::Payload { id, bytes: payload });
-                        self.announce_have(id, a.payload_hash).await;
                     }
                     Err((reason, e)) => {
                         if let Some(r) = reason {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use ragtag_protocol::{
     Signed,
     engine::{EngineEvent, Output},
+    ids::Hash32,
     ledger::RecordKind,
-    wire::{Have, MAX_INLINE_PAYLOAD, Message},
+    wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message},
 };
 
 use super::{Internal, Node, fetch};
@@ -68,6 +69,9 @@ impl Node {
                     let result = fetch::announcement(&net, peer, id).await;
                     let _ = tx.send(Internal::Announcement { from, result }).await;
                 });
+            }
+            Output::AnnounceHeld { id, hash } => {
+                self.gossip(&Message::Have(Have { run_id: self.engine.run_id(), id, payload_hash: hash })).await;
             }
             Output::SendHeartbeat(hb) => {
                 let m = Message::Heartbeat(Signed::sign(&hb, &self.opts.key));
@@ -138,8 +142,11 @@ impl Node {
         }
     }
 
-    /// Appends pending records, flushes once, then gossips the receipts:
-    /// nothing is announced before it is durable.
+    /// Appends pending records, flushes once, then gossips the receipts in
+    /// batches: nothing is announced before it is durable. One message per
+    /// flush instead of one per receipt: every node writes a receipt for
+    /// every update, so single receipts were most of the swarm's gossip
+    /// messages (N² a round) and filled peers' send queues.
     pub(crate) async fn flush_records(&mut self) {
         if self.pending_records.is_empty() {
             return;
@@ -151,45 +158,49 @@ impl Node {
         }
         self.ledger_records += records.len() as u64;
         self.metrics.ledger_records.inc_by(records.len() as u64);
-        for r in records {
-            if let Ok(body) = r.decode_unverified()
-                && matches!(body.kind, RecordKind::Receipt { .. })
-            {
-                self.gossip(&Message::Receipt(r)).await;
-            }
+        let receipts: Vec<_> = records
+            .into_iter()
+            .filter(|r| r.decode_unverified().is_ok_and(|b| matches!(b.kind, RecordKind::Receipt { .. })))
+            .collect();
+        for batch in receipts.chunks(MAX_RECEIPTS_PER_MESSAGE) {
+            self.gossip(&Message::Receipts(batch.to_vec())).await;
         }
     }
 
-    /// After storing a payload we fetched: tell peers we can serve it.
-    pub(crate) async fn announce_have(
-        &mut self,
-        id: ragtag_protocol::ids::UpdateId,
-        hash: ragtag_protocol::ids::Hash32,
-    ) {
-        let m = Message::Have(Have { run_id: self.engine.run_id(), id, payload_hash: hash });
-        self.gossip(&m).await;
-    }
-
-    /// The replica-state snapshot a joiner reads in chunks: a new one for a
-    /// new transfer (at most every few seconds), the same one while a
-    /// transfer goes on (`None` once it has been replaced).
-    pub(crate) fn state_blob(
-        &mut self,
-        requested: ragtag_protocol::ids::Hash32,
-    ) -> Option<(ragtag_protocol::ids::Hash32, Arc<Vec<u8>>)> {
-        let fresh = |(_, _, taken): &(ragtag_protocol::ids::Hash32, Arc<Vec<u8>>, std::time::Instant)| {
-            taken.elapsed() < std::time::Duration::from_secs(5)
-        };
-        if requested != ragtag_protocol::ids::Hash32::default() {
-            return self.state_snapshot.as_ref().filter(|(h, _, _)| *h == requested).map(|(h, b, _)| (*h, b.clone()));
+    /// The replica-state snapshot a peer reads in chunks: the current
+    /// replica for a new transfer (an anti-entropy peer averages it against
+    /// the digest it just compared, so it must not be older), the same
+    /// snapshot while a transfer goes on (`None` once it has been replaced).
+    pub(crate) fn state_blob(&mut self, requested: Hash32) -> Option<(Hash32, Arc<Vec<u8>>)> {
+        if requested != Hash32::default() {
+            return self.state_snapshots.iter().find(|s| s.hash == requested).map(|s| (s.hash, s.bytes.clone()));
         }
-        if let Some(s) = self.state_snapshot.as_ref().filter(|s| fresh(s)) {
-            return Some((s.0, s.1.clone()));
+        let stats = self.engine.stats();
+        let stamp = (self.engine.version().total(), stats.anchors_averaged, stats.rounds, self.engine.round());
+        if let Some(s) = self.state_snapshots.back().filter(|s| s.stamp == stamp) {
+            return Some((s.hash, s.bytes.clone()));
         }
         let bytes =
             Arc::new(postcard::to_allocvec(&self.engine.replica_state()).expect("encoding to a Vec cannot fail"));
-        let hash = ragtag_protocol::ids::Hash32::of(&bytes);
-        self.state_snapshot = Some((hash, bytes.clone(), std::time::Instant::now()));
+        let hash = Hash32::of(&bytes);
+        self.state_snapshots.push_back(StateSnapshot { hash, bytes: bytes.clone(), stamp });
+        if self.state_snapshots.len() > STATE_SNAPSHOTS {
+            self.state_snapshots.pop_front();
+        }
         Some((hash, bytes))
     }
+}
+
+/// Snapshots kept at once: one a slow transfer may still be reading, and
+/// the newest.
+const STATE_SNAPSHOTS: usize = 2;
+
+/// An encoded replica state, and what the replica had done when it was taken.
+#[derive(Debug)]
+pub(crate) struct StateSnapshot {
+    hash: Hash32,
+    bytes: Arc<Vec<u8>>,
+    /// Applied updates, anchor averages, rounds and round: unchanged means
+    /// the replica is unchanged.
+    stamp: (u64, u64, u64, u64),
 }

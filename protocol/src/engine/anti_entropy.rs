@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::{Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output, snapshot::ReplicaState};
 use crate::{
     ids::NodeId,
-    version::AppliedSet,
+    version::{AppliedSet, VersionVector},
     wire::{MAX_SKETCH_VALUES, ReplicaDigest},
 };
 
@@ -35,6 +35,19 @@ pub fn relative_distance(a: &[f32], b: &[f32]) -> Option<f32> {
         na += (*x as f64).powi(2);
     }
     Some((d.sqrt() / na.sqrt().max(1e-12)) as f32)
+}
+
+/// An anchor asked for after matching digests: what it must still match
+/// when it arrives.
+#[derive(Debug)]
+pub(super) struct AnchorFetch {
+    peer: NodeId,
+    /// The seen set both digests matched on.
+    seen: AppliedSet,
+    /// The version the peer's digest reported: a replica state with another
+    /// version is not the replica the digest described (a cached snapshot
+    /// taken before the peer applied more, or after).
+    peer_version: VersionVector,
 }
 
 impl Engine {
@@ -105,7 +118,7 @@ impl Engine {
             self.repairing = distance > self.cfg.anti_entropy.distance_threshold;
         }
         if same_set && distance > self.cfg.anti_entropy.distance_threshold && self.anchor_fetch.is_none() {
-            self.anchor_fetch = Some((from, mine));
+            self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
         }
     }
@@ -118,12 +131,13 @@ impl Engine {
         // either side applied anything since, averaging would keep half of
         // those updates on one replica. Only average the sets the digests
         // matched on; the next digest retries.
-        let Some((_, seen_then)) = self.anchor_fetch.take_if(|(peer, _)| *peer == from) else {
+        let Some(fetch) = self.anchor_fetch.take_if(|f| f.peer == from) else {
             return;
         };
         let mine = self.seen();
-        let unchanged = mine.missing_from(&seen_then).is_empty() && seen_then.missing_from(&mine).is_empty();
-        if !unchanged || !state.applied.missing_from(&seen_then).is_empty() {
+        let unchanged = mine.missing_from(&fetch.seen).is_empty() && fetch.seen.missing_from(&mine).is_empty();
+        let same_replica = state.version == fetch.peer_version && state.applied.missing_from(&fetch.seen).is_empty();
+        if !unchanged || !same_replica {
             self.event(EngineEvent::AnchorAverageSkipped { peer: from });
             return;
         }
@@ -226,6 +240,14 @@ mod tests {
         let mut e = engine_after_digest();
         e.on_peer_anchor(peer, state(set(&[(3, 0), (2, 0), (2, 1)])));
         assert_eq!(e.anchor(), &[1.0; 8]);
+        // The peer served another replica than its digest described (a
+        // cached snapshot, from another version): skipped.
+        let mut e = engine_after_digest();
+        let mut stale = state(set(&[(3, 0)]));
+        stale.version.increment(NodeId([2; 32]));
+        e.on_peer_anchor(peer, stale);
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        assert_eq!(e.stats().anchors_averaged, 0);
         // We applied one more meanwhile: skipped.
         let mut e = engine_after_digest();
         e.applied.insert(UpdateId { src: me, round: 1 });

@@ -150,6 +150,15 @@ pub enum Output {
         /// Expected hash.
         hash: Hash32,
     },
+    /// Tell peers we hold a payload we fetched, so they can pull it from us
+    /// too. Only while few holders are known: every holder announcing would
+    /// cost N gossip messages per update for nothing.
+    AnnounceHeld {
+        /// Which.
+        id: UpdateId,
+        /// Its payload hash.
+        hash: Hash32,
+    },
     /// Fetch an announcement we missed (anti-entropy), then report `Input::Announcement`.
     FetchAnnouncement {
         /// Which.

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use super::{
-    ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, MAX_AWAITING, MAX_PENDING, Output, Pending,
+    ANNOUNCE_HELD_BELOW, ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, MAX_AWAITING, MAX_PENDING,
+    Output, Pending,
     config::{Schedule, StalenessMeasure},
     staleness::staleness_weight,
 };
@@ -151,6 +152,9 @@ impl Engine {
         if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
             self.drop_update(&a, RejectReason::ShapeMismatch, false);
             return;
+        }
+        if w.sources.len() < ANNOUNCE_HELD_BELOW {
+            self.emit(Output::AnnounceHeld { id, hash: a.payload_hash });
         }
         self.accept_payload(a, bytes);
     }

@@ -175,6 +175,14 @@ impl Harness {
                     let announcement = self.announcements[&id].clone();
                     self.push(now + lat, Ev::Input(k, Box::new(Input::Announcement { announcement, from })));
                 }
+                Output::AnnounceHeld { id, .. } => {
+                    let from = self.engines[k].node_id();
+                    for j in 0..self.engines.len() {
+                        if j != k && self.link_up(k, j) {
+                            self.push(now + lat, Ev::Input(j, Box::new(Input::PayloadSource { id, from })));
+                        }
+                    }
+                }
                 Output::SendHeartbeat(hb) => {
                     for j in 0..self.engines.len() {
                         if j != k && self.link_up(k, j) {
@@ -383,6 +391,19 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     e.handle(Micros(3), Input::Payload { id: UpdateId { src: k1, round: 0 }, bytes: Arc::new(bytes.clone()) });
     assert!(e.has_applied(&UpdateId { src: k1, round: 0 }));
     assert_eq!(e.version().get(&k1), 1);
+    // Fetched knowing only its source: we tell peers we hold it too.
+    let held =
+        |e: &mut Engine| std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::AnnounceHeld { .. }));
+    assert!(held(&mut e));
+    // Fetched with enough holders known: no announcement.
+    let id2 = UpdateId { src: k1, round: 2 };
+    e.handle(Micros(3), Input::Announcement { announcement: ann(2, 0), from: k1 });
+    for i in 2..4 {
+        e.handle(Micros(3), Input::PayloadSource { id: id2, from: Keypair::deterministic(5, i).node_id() });
+    }
+    e.handle(Micros(3), Input::Payload { id: id2, bytes: Arc::new(bytes.clone()) });
+    assert!(e.has_applied(&id2));
+    assert!(!held(&mut e));
     // Replayed after application: dropped as a replay, nothing applied.
     let before = e.anchor().to_vec();
     e.handle(Micros(4), Input::Announcement { announcement: ann(0, 0), from: k1 });
@@ -397,7 +418,7 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     );
     assert!(outs.iter().any(|o| matches!(o, Output::Record(RecordKind::Receipt { .. }))));
     assert_eq!(e.stats().dropped[&RejectReason::TooStale], 1);
-    assert_eq!(e.version().get(&k1), 1);
+    assert_eq!(e.version().get(&k1), 2);
 }
 
 /// Feeds the same updates in a given order to a fresh engine and returns it.

@@ -9,7 +9,8 @@ use ragtag_protocol::{
 };
 
 use super::{
-    Delivery, Ev, HEARTBEAT_BYTES, INLINE_PAYLOAD_BYTES, Published, REQUEST_BYTES, SIGNED_OVERHEAD, STORE_RETAIN_S, Sim,
+    Delivery, Ev, HAVE_BYTES, HEARTBEAT_BYTES, INLINE_PAYLOAD_BYTES, Published, REQUEST_BYTES, SIGNED_OVERHEAD,
+    STORE_RETAIN_S, Sim,
 };
 
 impl Sim<'_> {
@@ -91,6 +92,10 @@ impl Sim<'_> {
                 if !ok {
                     self.push(timeout, Ev::Deliver { node: k, what: Delivery::FetchFailed { id, from } });
                 }
+            }
+            Output::AnnounceHeld { id, .. } => {
+                let receivers = self.others(k);
+                self.broadcast(k, &receivers, HAVE_BYTES, Delivery::Holder { id, from: me });
             }
             Output::SendHeartbeat(hb) => {
                 let receivers = self.others(k);
@@ -179,6 +184,7 @@ impl Sim<'_> {
                 Some(p) => Input::Payload { id, bytes: p.payload.clone() },
                 None => return,
             },
+            Delivery::Holder { id, from } => Input::PayloadSource { id, from },
             Delivery::FetchFailed { id, from } => Input::FetchFailed { id, from, reason: None },
             Delivery::Heartbeat(hb) => Input::Heartbeat(hb.as_ref().clone()),
             Delivery::Digest { from, digest, reply } => {

@@ -21,6 +21,7 @@ pub(super) enum Delivery {
     Update { id: UpdateId, from: NodeId },
     Announce { id: UpdateId, from: NodeId },
     Payload { id: UpdateId },
+    Holder { id: UpdateId, from: NodeId },
     FetchFailed { id: UpdateId, from: NodeId },
     Heartbeat(Arc<Heartbeat>),
     Digest { from: usize, digest: Arc<ReplicaDigest>, reply: bool },

@@ -34,6 +34,7 @@ fn spawn(ragtag: &Path, state: &Path, duration_s: u64, bootstrap: Option<&str>) 
         .arg(state)
         .env("RAYON_NUM_THREADS", "1")
         .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -88,16 +89,25 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(40)));
     let late: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
     let mut applied = Vec::new();
+    let mut losses = Vec::new();
+    let mut last_live = Vec::new();
     let mut problems = Vec::new();
     let mut clean = 0;
     for p in &mut procs {
         if p.child.wait().is_ok_and(|s| s.success()) {
             clean += 1;
         }
-        let exit = p.stdout.try_iter().filter(|l| l.contains("\"event\":\"exit\"")).last();
-        let v: serde_json::Value = exit.and_then(|l| serde_json::from_str(&l).ok()).unwrap_or_default();
+        let events: Vec<serde_json::Value> =
+            p.stdout.try_iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok()).collect();
+        let v = events.iter().rfind(|e| e["event"] == "exit").cloned().unwrap_or_default();
         if let Some(a) = v["outcome"]["applied"].as_f64() {
             applied.push(a);
+        }
+        if let Some(l) = v["outcome"]["eval_loss"].as_f64() {
+            losses.push(l);
+        }
+        if let Some(l) = events.iter().rfind(|e| e["event"] == "round").and_then(|r| r["live"].as_f64()) {
+            last_live.push(l);
         }
         problems.extend(p.stderr.try_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")));
     }
@@ -129,6 +139,15 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
                 "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",
                 applied.len()
             )),
+        // A swarm that falls apart still applies updates (its own): these
+        // say whether the processes stayed one swarm.
+        Figure::new("soak", "peers heard in each process's last round (mean)", mean(&last_live), "nodes")
+            .with_note(format!("min {:.0} of {nodes}", last_live.iter().copied().fold(f64::INFINITY, f64::min))),
+        Figure::new("soak", "final held-out loss, worst process", max(&losses), "nats").with_note(format!(
+            "best {:.4}, {} processes reported",
+            losses.iter().copied().fold(f64::INFINITY, f64::min),
+            losses.len()
+        )),
         Figure::new("soak", "warnings and errors logged (all processes)", problems.len() as f64, "lines")
             .with_note(if sample.is_empty() { "none".into() } else { sample.join(" | ") }),
     ]
