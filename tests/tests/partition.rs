@@ -1,12 +1,6 @@
 //! Four hosts in network namespaces split 2|2 and heal: the swarm merges
-//! again, anti-entropy repairs replicas, and no update is applied twice.
-//!
-//! Known gap (issue #9): in this four-process run the replicas' distance
-//! after the heal keeps bouncing between about 0.02 and 0.2 (32-value
-//! sketches at equal versions) instead of settling under the engine's
-//! bound, while the engine-level test and the simulator's `partition`
-//! scenario do settle (to about 5e-4). The distance is printed here, not
-//! asserted, until that is found and fixed.
+//! again, anti-entropy brings the replicas back under the engine's bound,
+//! and no update is applied twice.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -61,6 +55,7 @@ fn a_healed_partition_reconverges_without_double_application() {
         assert!(n.stderr().contains("averaged our replica"), "node {i} never averaged:\n{}", n.stderr());
     }
     let mut worst: f64 = 0.0;
+    let mut compared = 0;
     for a in 0..4 {
         for b in a + 1..4 {
             let late = |r: &&serde_json::Value| r["t"].as_f64().unwrap_or(0.0) > 50.0;
@@ -77,10 +72,16 @@ fn a_healed_partition_reconverges_without_double_application() {
                 .reduce(f64::min);
             if let Some(best) = best {
                 worst = worst.max(best);
+                compared += 1;
             }
         }
     }
-    eprintln!("worst pairwise consensus distance after the heal: {worst:.3}");
+    eprintln!("worst pairwise consensus distance after the heal: {worst:.2e} ({compared} pairs)");
+    // Every pair held the same updates at some point after the heal, and
+    // then held (nearly) the same replica: under the anti-entropy bound.
+    // Before anchors were served fresh, this stayed between 0.02 and 0.2.
+    assert_eq!(compared, 6, "some pairs never held the same updates after the heal");
+    assert!(worst < 1e-3, "replicas did not re-converge: worst pairwise distance {worst:.2e}");
 
     // No update was applied twice: every accepted receipt names a distinct update.
     for i in 0..4 {
