@@ -9,11 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use ragtag_protocol::{
-    identity::Signed,
-    ids::{NodeId, UpdateId},
-    wire::UpdateAnnouncement,
-};
+use ragtag_protocol::{identity::Signed, ids::UpdateId, wire::UpdateAnnouncement};
 
 /// A stored update.
 #[derive(Debug, Clone)]
@@ -29,8 +25,6 @@ pub struct StoredUpdate {
 pub struct PayloadStore {
     items: BTreeMap<UpdateId, StoredUpdate>,
     order: VecDeque<UpdateId>,
-    /// Rounds held per source, oldest first.
-    per_source: BTreeMap<NodeId, VecDeque<u64>>,
     bytes: usize,
     max_items: usize,
     max_bytes: usize,
@@ -44,7 +38,6 @@ impl PayloadStore {
         Self {
             items: BTreeMap::new(),
             order: VecDeque::new(),
-            per_source: BTreeMap::new(),
             bytes: 0,
             max_items: max_items.max(1),
             max_bytes,
@@ -65,15 +58,17 @@ impl PayloadStore {
         if self.items.contains_key(&id) {
             return;
         }
-        let rounds = self.per_source.entry(id.src).or_default();
-        if rounds.len() >= self.max_per_source && rounds.front().is_some_and(|&r| id.round < r) {
-            return;
-        }
-        let at = rounds.partition_point(|&r| r < id.round);
-        rounds.insert(at, id.round);
-        let evicted = if rounds.len() > self.max_per_source { rounds.pop_front() } else { None };
-        if let Some(round) = evicted {
-            self.forget(&UpdateId { src: id.src, round });
+        // Ids order by source, then round: a source's rounds are one range.
+        let src = id.src;
+        let mut held =
+            self.items.range(UpdateId { src, round: 0 }..=UpdateId { src, round: u64::MAX }).map(|(k, _)| *k);
+        if held.clone().count() >= self.max_per_source
+            && let Some(oldest) = held.next()
+        {
+            if id.round < oldest.round {
+                return;
+            }
+            self.forget(&oldest);
         }
         self.bytes += update.payload.len();
         self.items.insert(id, update);
@@ -82,27 +77,16 @@ impl PayloadStore {
             let Some(old) = self.order.pop_front() else { break };
             if let Some(u) = self.items.remove(&old) {
                 self.bytes -= u.payload.len();
-                self.drop_round(&old);
             }
         }
     }
 
-    /// Removes an update evicted by its source's bound (its place in
-    /// `order` is skipped when reached).
+    /// Removes an update evicted by its source's bound.
     fn forget(&mut self, id: &UpdateId) {
         if let Some(u) = self.items.remove(id) {
             self.bytes -= u.payload.len();
         }
         self.order.retain(|o| o != id);
-    }
-
-    fn drop_round(&mut self, id: &UpdateId) {
-        if let Some(rounds) = self.per_source.get_mut(&id.src) {
-            rounds.retain(|&r| r != id.round);
-            if rounds.is_empty() {
-                self.per_source.remove(&id.src);
-            }
-        }
     }
 
     /// An update, if held.

@@ -230,8 +230,8 @@ pub enum Message {
     Receipts(Vec<SignedRecord>),
 }
 
-/// Receipts in one [`Message::Receipts`]; every one fits in a gossip
-/// message (a receipt record is about 300 bytes).
+/// Receipts in one [`Message::Receipts`]: this many receipts of the
+/// largest size fit in one gossip message (tested).
 pub const MAX_RECEIPTS_PER_MESSAGE: usize = 128;
 
 /// Payloads up to this size travel inline with their announcement in one

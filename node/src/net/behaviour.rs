@@ -55,13 +55,13 @@ fn message_id(m: &gossipsub::Message) -> gossipsub::MessageId {
     gossipsub::MessageId::from(h.finalize().as_bytes().to_vec())
 }
 
-/// gossipsub's frame limit: every node of a run must use the same one.
 /// Gossip messages queued per peer before new ones are dropped. libp2p's
 /// 5,000 let a slow peer pin ~5,000 inline updates of memory per connection
 /// (a 16-node soak on two cores grew to 186 MiB per process); a dropped
 /// update is repaired by anti-entropy.
 const SEND_QUEUE: usize = 256;
 
+/// gossipsub's frame limit: every node of a run must use the same one.
 pub(crate) const GOSSIP_MAX_TRANSMIT: usize = 64 * 1024;
 
 pub(crate) fn build(

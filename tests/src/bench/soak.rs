@@ -115,6 +115,7 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let _ = std::fs::remove_dir_all(&dir);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let growth = mean(&late) / mean(&early).max(1e-9);
     let mut sample: Vec<String> = problems.iter().take(3).cloned().collect();
     sample.iter_mut().for_each(|s| s.truncate(160));
@@ -142,10 +143,10 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
         // A swarm that falls apart still applies updates (its own): these
         // say whether the processes stayed one swarm.
         Figure::new("soak", "peers heard in each process's last round (mean)", mean(&last_live), "nodes")
-            .with_note(format!("min {:.0} of {nodes}", last_live.iter().copied().fold(f64::INFINITY, f64::min))),
+            .with_note(format!("min {:.0} of {nodes}", min(&last_live))),
         Figure::new("soak", "final held-out loss, worst process", max(&losses), "nats").with_note(format!(
             "best {:.4}, {} processes reported",
-            losses.iter().copied().fold(f64::INFINITY, f64::min),
+            min(&losses),
             losses.len()
         )),
         Figure::new("soak", "warnings and errors logged (all processes)", problems.len() as f64, "lines")
