@@ -254,6 +254,8 @@ impl Trainer {
         if mode == LocalMode::Gradient {
             let batch = self.sampler.next_batch(batch_size);
             let (loss, grads) = self.loss_and_grads(&batch)?;
+            // The one step is the whole phase: the caller still paces it.
+            go_on(1);
             let mut flat = Vec::with_capacity(self.params.len());
             for (g, e) in grads.iter().zip(&self.params.layout().entries) {
                 match g {

@@ -232,7 +232,14 @@ fn pull_steps_and_gradient_mode() {
     let r = t.run_phase(&anchor, 20, LocalMode::Train, full_pull, 3).unwrap();
     assert_eq!(r.steps, 20);
     assert!(r.samples < 20 * 64 && r.samples > 0, "some steps were pulls: {}", r.samples);
-    let g = t.run_phase(&anchor, 1, LocalMode::Gradient, NO_PULL, 0).unwrap();
+    let mut paced = Vec::new();
+    let g = t
+        .run_phase_with(&anchor, 1, LocalMode::Gradient, NO_PULL, 0, |step| {
+            paced.push(step);
+            true
+        })
+        .unwrap();
+    assert_eq!(paced, [1], "the gradient step is paced like any inner step");
     assert_eq!(g.params.len(), anchor.len());
     assert!(g.params.iter().any(|v| *v != 0.0));
     assert_eq!(g.layer_update_norms.len(), t.layout().entries.len());

@@ -191,6 +191,10 @@ pub struct RunArgs {
     /// Make every inner step take this many times longer (emulates slower hardware).
     #[arg(long)]
     pub slowdown: Option<f32>,
+    /// Make every inner step take at least this many seconds (emulates a
+    /// device of known speed; the simulator's real mode uses it).
+    #[arg(long)]
+    pub step_time: Option<f64>,
     /// Stop after this many rounds.
     #[arg(long)]
     pub max_rounds: Option<u64>,
@@ -200,15 +204,29 @@ pub struct RunArgs {
     /// Stop once the held-out loss of our replica is at or below this.
     #[arg(long)]
     pub target_loss: Option<f32>,
-    /// Evaluate the held-out loss every this many rounds.
+    /// Evaluate the held-out loss every this many rounds (default: about
+    /// every 50 inner steps, so every round when a round is 50 steps).
     #[arg(long)]
     pub eval_every: Option<u64>,
-    /// Checkpoint every this many rounds.
+    /// Checkpoint every this many rounds (default: every 5 evaluations).
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
     /// Print a JSON line per round on stdout (for scripts and tests).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub json: Option<bool>,
+}
+
+/// Inner steps between held-out evaluations when no interval is given.
+pub const EVAL_EVERY_STEPS: u64 = 50;
+/// Evaluations between checkpoints when no interval is given.
+pub const EVALS_PER_CHECKPOINT: u64 = 5;
+
+/// Default (evaluation, checkpoint) intervals in rounds for `h` inner steps
+/// per round. A ddp round is one step: evaluating 2,048 held-out samples and
+/// checkpointing on a round count alone would cost more than the steps.
+pub fn default_intervals(h: u32) -> (u64, u64) {
+    let eval = EVAL_EVERY_STEPS.div_ceil(u64::from(h.max(1)));
+    (eval, eval * EVALS_PER_CHECKPOINT)
 }
 
 impl RunArgs {
@@ -236,6 +254,7 @@ impl RunArgs {
             key,
             metrics,
             slowdown,
+            step_time,
             max_rounds,
             duration,
             target_loss,
@@ -251,6 +270,17 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_intervals_follow_inner_steps() {
+        // gopals' 50-step rounds: evaluate each round, checkpoint every 5.
+        assert_eq!(default_intervals(50), (1, 5));
+        assert_eq!(default_intervals(200), (1, 5));
+        // ddp's one-step rounds.
+        assert_eq!(default_intervals(1), (50, 250));
+        assert_eq!(default_intervals(0), (50, 250));
+        assert_eq!(default_intervals(20), (3, 15));
+    }
 
     #[test]
     fn config_file_fills_unset_flags_and_flags_win() {

@@ -7,12 +7,13 @@ use clap::Parser;
 use libp2p::{Multiaddr, PeerId};
 use ragtag_models::device::DeviceChoice;
 use ragtag_node::{
-    cli::{Cli, Command, LedgerCommand, RunArgs, SwarmCommand},
+    cli::{self, Cli, Command, LedgerCommand, RunArgs, SwarmCommand},
     doctor, identity,
     ledger::{self, SledLedger},
     manifest_file, net,
     runtime::{self, NodeOptions, startup},
     status, swarm_key,
+    trainer_thread::Pace,
 };
 use ragtag_protocol::engine::{EngineOverrides, Strategy};
 
@@ -239,19 +240,24 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
         dial_remote: beyond_loopback || args.mdns.unwrap_or(false),
         relay_server: false,
     };
+    let (eval_every, checkpoint_every) = cli::default_intervals(manifest.engine.h);
     let opts = NodeOptions {
         manifest,
         key,
         state: state.path.clone(),
         data: args.data.clone(),
         device,
-        slowdown: args.slowdown.unwrap_or(1.0),
+        pace: Pace {
+            slowdown: f64::from(args.slowdown.unwrap_or(1.0)),
+            step_floor: Duration::try_from_secs_f64(args.step_time.unwrap_or(0.0))
+                .context("--step-time must be a non-negative number of seconds")?,
+        },
         metrics: args.metrics,
         max_rounds: args.max_rounds,
         duration: args.duration.map(Duration::from_secs_f64),
         target_loss: args.target_loss,
-        eval_every: args.eval_every.unwrap_or(1),
-        checkpoint_every: args.checkpoint_every.unwrap_or(5),
+        eval_every: args.eval_every.unwrap_or(eval_every),
+        checkpoint_every: args.checkpoint_every.unwrap_or(checkpoint_every),
         json: args.json.unwrap_or(false),
         net: net_cfg,
         allow: allow_nodes,

@@ -62,8 +62,8 @@ pub struct NodeOptions {
     pub data: Option<PathBuf>,
     /// The device.
     pub device: DeviceChoice,
-    /// Phase slowdown factor.
-    pub slowdown: f32,
+    /// Emulated slower hardware.
+    pub pace: trainer_thread::Pace,
     /// Metrics/status address.
     pub metrics: Option<SocketAddr>,
     /// Stop after this many rounds.
@@ -192,8 +192,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         device: opts.device,
         micro_batch: None,
     };
-    let slowdown = opts.slowdown;
-    let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, slowdown, trainer_tx))
+    let pace = opts.pace;
+    let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, pace, trainer_tx))
         .await?
         .map_err(anyhow::Error::msg)?;
     if let Some(reason) = &trainer.info.fallback_reason {
@@ -204,7 +204,11 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         "device {}, {:.0} inner steps/s{}",
         trainer.info.device,
         trainer.info.steps_per_s,
-        if opts.slowdown > 1.0 { format!(" (slowed down {}x)", opts.slowdown) } else { String::new() }
+        if opts.pace.slowdown > 1.0 || !opts.pace.step_floor.is_zero() {
+            format!(" (emulated: {}x slower, steps of at least {:?})", opts.pace.slowdown, opts.pace.step_floor)
+        } else {
+            String::new()
+        }
     );
 
     // Wait briefly for our addresses and the bootstrap connections.

@@ -109,21 +109,38 @@ impl TrainerHandle {
     }
 }
 
+/// Emulated slower hardware, for heterogeneous swarms on one machine: an
+/// inner step is stretched to `slowdown` times its compute, and to at least
+/// `step_floor` (the simulator's real mode gives every node its scenario's
+/// step cost). The stretch is spent sleeping and counts as busy time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    /// Each step takes this many times its compute (at least 1).
+    pub slowdown: f64,
+    /// Each step takes at least this long.
+    pub step_floor: Duration,
+}
+
+impl Pace {
+    /// How long a step of `compute` takes on the emulated hardware.
+    pub fn emulated(&self, compute: Duration) -> Duration {
+        compute.mul_f64(self.slowdown.max(1.0)).max(self.step_floor)
+    }
+}
+
 /// Starts the trainer thread: builds the model and data on the device,
-/// measures the speed, then serves commands. `slowdown` makes every phase
-/// take that many times longer (emulating slower hardware).
+/// measures the speed (as paced), then serves commands.
 pub fn spawn(
     cfg: TrainerConfig,
-    slowdown: f32,
+    pace: Pace,
     replies: tokio::sync::mpsc::Sender<TrainerReply>,
 ) -> Result<TrainerHandle, String> {
     let (tx, rx) = mpsc::sync_channel::<TrainerCommand>(COMMAND_CAPACITY);
     let (info_tx, info_rx) = mpsc::sync_channel::<Result<TrainerInfo, String>>(1);
-    let slowdown = slowdown.max(1.0) as f64;
     let thread = std::thread::Builder::new()
         .name("ragtag-trainer".into())
         .spawn(move || {
-            let mut trainer = match start(&cfg, slowdown) {
+            let mut trainer = match start(&cfg, pace) {
                 Ok((t, info)) => {
                     let _ = info_tx.send(Ok(info));
                     t
@@ -133,14 +150,14 @@ pub fn spawn(
                     return;
                 }
             };
-            serve(&mut trainer, slowdown, rx, replies);
+            serve(&mut trainer, pace, rx, replies);
         })
         .map_err(|e| format!("cannot start the trainer thread: {e}"))?;
     let info = info_rx.recv().map_err(|_| "the trainer thread died during start-up".to_string())??;
     Ok(TrainerHandle { tx, thread: Some(thread), info })
 }
 
-fn start(cfg: &TrainerConfig, slowdown: f64) -> Result<(Trainer, TrainerInfo), String> {
+fn start(cfg: &TrainerConfig, pace: Pace) -> Result<(Trainer, TrainerInfo), String> {
     let trainer = Trainer::new(cfg.clone()).map_err(|e| e.to_string())?;
     let initial = trainer.export_params().map_err(|e| e.to_string())?;
     // Measure the speed on a throwaway trainer, so the real one starts
@@ -150,7 +167,7 @@ fn start(cfg: &TrainerConfig, slowdown: f64) -> Result<(Trainer, TrainerInfo), S
     bench
         .run_phase(&initial, BENCH_STEPS, LocalMode::Train, PullConfig { p: 0.0, lambda: 0.0 }, 0)
         .map_err(|e| e.to_string())?;
-    let per_step = t.elapsed().as_secs_f64() / BENCH_STEPS as f64 * slowdown;
+    let per_step = pace.emulated(t.elapsed() / BENCH_STEPS).as_secs_f64();
     let ds = trainer.dataset();
     let info = TrainerInfo {
         initial,
@@ -168,7 +185,7 @@ fn start(cfg: &TrainerConfig, slowdown: f64) -> Result<(Trainer, TrainerInfo), S
 
 fn serve(
     trainer: &mut Trainer,
-    slowdown: f64,
+    pace: Pace,
     rx: mpsc::Receiver<TrainerCommand>,
     replies: tokio::sync::mpsc::Sender<TrainerReply>,
 ) {
@@ -187,12 +204,12 @@ fn serve(
                 let go_on = |_step: u32| {
                     let step = last.elapsed();
                     compute += step;
-                    // Emulated slower hardware: every step takes `slowdown` times as long.
-                    if slowdown > 1.0 {
-                        std::thread::sleep(step.mul_f64(slowdown - 1.0));
+                    let emulated = pace.emulated(step);
+                    if emulated > step {
+                        std::thread::sleep(emulated - step);
                     }
                     last = Instant::now();
-                    deadline.is_none_or(|d| Instant::now() + step.mul_f64(slowdown) < d)
+                    deadline.is_none_or(|d| Instant::now() + emulated < d)
                 };
                 match trainer.run_phase_with(&p.anchor, p.steps, p.mode, p.pull, p.seed, go_on) {
                     Ok(r) => {
@@ -227,5 +244,23 @@ fn serve(
         if replies.blocking_send(reply).is_err() {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pace_stretches_steps_by_factor_and_floor() {
+        let ms = Duration::from_millis;
+        let slow = Pace { slowdown: 4.0, step_floor: Duration::ZERO };
+        assert_eq!(slow.emulated(ms(10)), ms(40));
+        let floor = Pace { slowdown: 1.0, step_floor: ms(100) };
+        assert_eq!(floor.emulated(ms(10)), ms(100));
+        // Hardware slower than the floor is not sped up.
+        assert_eq!(floor.emulated(ms(300)), ms(300));
+        // A factor below 1 never speeds a step up.
+        assert_eq!(Pace { slowdown: 0.5, step_floor: Duration::ZERO }.emulated(ms(10)), ms(10));
     }
 }

@@ -64,9 +64,10 @@ enum Command {
         /// tc netem shaping, e.g. "delay 20ms rate 100mbit" (needs root: namespaces).
         #[arg(long)]
         netem: Option<String>,
-        /// Tick period in ms.
-        #[arg(long, default_value_t = 2000)]
-        tick_ms: u32,
+        /// A fixed tick period in ms (default: the scenario's, derived from
+        /// the step cost that every process emulates).
+        #[arg(long)]
+        tick_ms: Option<u32>,
         /// Where reports go.
         #[arg(long)]
         out: PathBuf,

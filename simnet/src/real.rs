@@ -1,6 +1,7 @@
 //! Real mode: the same scenario with real `ragtag` processes (and a
 //! bootstrap) on loopback, or each in its own network namespace shaped by
-//! tc netem. Speeds become `--slowdown` factors; each node's round reports
+//! tc netem. Each process emulates its node's step cost (`--step-time`,
+//! the scenario's `step_cost_s / speed`); each node's round reports
 //! and final status become the same report and plots as virtual mode.
 
 use std::{
@@ -33,9 +34,9 @@ pub struct RealOptions {
     pub netem: Option<String>,
     /// Where node state and reports go.
     pub out: PathBuf,
-    /// The tick period (tick mode): real steps are fast, a tick must stay
-    /// well above message latency.
-    pub tick_ms: u32,
+    /// A fixed tick period (tick mode); `None` keeps the scenario's, derived
+    /// from the step cost every process emulates.
+    pub tick_ms: Option<u32>,
 }
 
 struct Launched {
@@ -105,11 +106,10 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
     let bootstrap_bin = sibling("ragtag-bootstrap")?;
     let profiles = speed::profiles(scenario, scenario.seed);
     let n = profiles.len();
-    let fastest = profiles.iter().map(|p| p.base).fold(0.0, f64::max);
     let mut manifest = scenario.manifest(opts.strategy, None);
     manifest.start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    if let Schedule::Tick { period_ms, .. } = &mut manifest.engine.schedule {
-        *period_ms = Some(opts.tick_ms);
+    if let (Schedule::Tick { period_ms, .. }, Some(tick)) = (&mut manifest.engine.schedule, opts.tick_ms) {
+        *period_ms = Some(tick);
     }
     std::fs::create_dir_all(&opts.out)?;
     let manifest_path = opts.out.join("manifest.toml");
@@ -151,8 +151,9 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
             "--json",
             "--duration",
             &opts.duration_s.to_string(),
-            "--slowdown",
-            &format!("{:.3}", fastest / p.base),
+            // Every process emulates its node's step cost, as in virtual time.
+            "--step-time",
+            &format!("{:.6}", scenario.step_cost_s / p.base),
             "--state",
             opts.out.join(format!("node{i}")).join("state").to_str().unwrap_or_default(),
         ]

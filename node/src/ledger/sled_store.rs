@@ -38,8 +38,10 @@ pub struct SledLedger {
     receipts: sled::Tree,
 }
 
-/// sled's page cache bound.
-const CACHE_BYTES: u64 = 32 << 20;
+/// sled's page cache bound. The ledger is appended and rarely read back;
+/// after 60,000 ledger-sized pairs sled held 20 MiB resident with this bound
+/// against 46 MiB with 32 MiB (`--example ledger_memory`).
+const CACHE_BYTES: u64 = 1 << 20;
 
 fn encode(r: &SignedRecord) -> Vec<u8> {
     postcard::to_allocvec(r).expect("encoding to a Vec cannot fail")

@@ -86,7 +86,11 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(30));
     let early: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
-    std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(40)));
+    // Halfway: growth over the second half says whether memory levels off.
+    let half = duration_s / 2;
+    std::thread::sleep(Duration::from_secs(half.saturating_sub(30)));
+    let middle: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(10).saturating_sub(half.max(30))));
     let late: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
     let mut applied = Vec::new();
     let mut losses = Vec::new();
@@ -127,6 +131,9 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
             "MiB",
         )
         .with_note(format!("max {:.1} MiB", max(&early))),
+        Figure::new("soak", &format!("memory per process after {} s", half.max(30)), mean(&middle), "MiB")
+            .with_ratio(mean(&middle) / mean(&early).max(1e-9), "x the early figure")
+            .with_note(format!("max {:.1} MiB", max(&middle))),
         Figure::new(
             "soak",
             &format!("memory per process after {} s", duration_s.saturating_sub(10)),
@@ -134,7 +141,11 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
             "MiB",
         )
         .with_ratio(growth, "x the early figure")
-        .with_note(format!("max {:.1} MiB", max(&late))),
+        .with_note(format!(
+            "max {:.1} MiB; {:.3} x the halfway figure",
+            max(&late),
+            mean(&late) / mean(&middle).max(1e-9)
+        )),
         Figure::new("soak", "updates applied per second per process", mean(&applied) / duration_s as f64, "updates/s")
             .with_note(format!(
                 "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",

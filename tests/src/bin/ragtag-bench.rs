@@ -117,10 +117,10 @@ fn main() -> Result<()> {
         for scenario in ["hetero-4x", "hetero-8x-16"] {
             let (c, t) = simulate::compare_scenario(scenario, &strategies, if full { 3 } else { 1 }, &out_dir)?;
             if scenario == "hetero-4x" && simnet.exists() {
-                let f = simulate::real_mode(&simnet, scenario, if full { 180.0 } else { 60.0 }, &out_dir, &c);
+                let f = simulate::real_mode(&simnet, scenario, if full { 240.0 } else { 60.0 }, &out_dir, &c);
                 section(
                     "Real mode: hetero-4x with processes",
-                    "`ragtag-simnet real --scenario hetero-4x --strategy S --duration D`: one `ragtag` process per node on loopback, speeds as `--slowdown` factors, wall-clock time. Next to the virtual figures of the same scenario.",
+                    "`ragtag-simnet real --scenario hetero-4x --strategy S --duration D`: one `ragtag` process per node on loopback, each emulating its node's step cost (`--step-time`, the scenario's step_cost_s / speed), wall-clock time. Next to the virtual figures of the same scenario.",
                     &f,
                     &mut md,
                 );
