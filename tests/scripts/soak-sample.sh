@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Memory of a soak over time: N `ragtag run` processes of the built-in run on
+# loopback for D seconds; every 30 s prints the mean and max resident memory
+# of all ragtag processes and the warnings logged so far. Environment is
+# passed on (e.g. MALLOC_ARENA_MAX=2 to compare allocator settings).
+#   cargo build --release -p ragtag-node && N=16 D=240 tests/scripts/soak-sample.sh
+set -euo pipefail
+R="$(cd "$(dirname "$0")/../.." && pwd)/target/release/ragtag"
+D=${D:-240}
+N=${N:-16}
+export RAYON_NUM_THREADS=1 RUST_LOG=warn NO_COLOR=1
+work=$(mktemp -d)
+trap 'pkill -P $$ ragtag 2>/dev/null || true; rm -rf "$work"' EXIT
+cd "$work"
+"$R" run --json --duration $((D + 10)) --state st0 >o0 2>e0 &
+for _ in $(seq 50); do grep -q "listening on" e0 2>/dev/null && break; sleep 0.2; done
+addr=$(grep -m1 "listening on" e0 | sed 's/listening on //')
+for i in $(seq 1 $((N - 1))); do
+    "$R" run --json --duration "$D" --state "st$i" --bootstrap "$addr" >"o$i" 2>"e$i" &
+done
+for t in $(seq 30 30 $((D - 10))); do
+    sleep 30
+    ps -o rss= -C ragtag | awk -v t="$t" -v w="$(cat e* | grep -c WARN || true)" \
+        '{s += $1; if ($1 > m) m = $1; n++} END {printf "t=%d mean %.1f MiB max %.1f n=%d warns=%d\n", t, s/n/1024, m/1024, n, w}'
+done
+wait
