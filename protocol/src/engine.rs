@@ -537,14 +537,21 @@ impl Engine {
         if src == self.me || !self.membership.is_live(&src) {
             return;
         }
-        let old = self.last_tick_of.get(&src).copied();
-        if old.is_some_and(|o| o >= tick) {
-            return;
-        }
+        let old = match self.last_tick_of.entry(src) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if *e.get() >= tick {
+                    return;
+                }
+                Some(e.insert(tick))
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(tick);
+                None
+            }
+        };
         if let Some(o) = old {
             self.count_last_tick(o, -1);
         }
-        self.last_tick_of.insert(src, tick);
         self.count_last_tick(tick, 1);
     }
 }

@@ -9,6 +9,7 @@ mod actions;
 mod event;
 mod node;
 mod output;
+mod phases;
 
 use std::{
     cmp::Reverse,
@@ -76,6 +77,8 @@ struct Sim<'a> {
     queue: BinaryHeap<Reverse<Item>>,
     seq: u64,
     nodes: Vec<SimNode>,
+    /// Local phases started at the current instant, computed together.
+    deferred: Vec<phases::DeferredPhase>,
     index_of: BTreeMap<NodeId, usize>,
     network: Network,
     store: BTreeMap<UpdateId, Published>,
@@ -96,7 +99,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput> {
     let bar = progress_bar(opts.progress, scenario.duration_s);
     sim.start();
     let (mut same_time, mut last_at) = (0u64, Micros::ZERO);
-    while let Some(Reverse(item)) = sim.queue.pop() {
+    loop {
+        // Once an instant is over, its phases' math runs (on every core).
+        let now = Micros::from_secs_f64(sim.now);
+        if sim.queue.peek().is_none_or(|Reverse(next)| next.at > now) {
+            sim.run_deferred_phases();
+        }
+        let Some(Reverse(item)) = sim.queue.pop() else { break };
         let t = item.at.as_secs_f64();
         if t > scenario.duration_s || sim.finished(t) {
             break;
@@ -189,6 +198,7 @@ impl<'a> Sim<'a> {
             queue: BinaryHeap::new(),
             seq: 0,
             nodes,
+            deferred: Vec::new(),
             index_of,
             store: BTreeMap::new(),
             store_order: std::collections::VecDeque::new(),

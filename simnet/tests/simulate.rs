@@ -24,6 +24,22 @@ fn same_scenario_and_seed_give_a_byte_identical_summary() {
     assert!(a.updates_total > 0);
 }
 
+/// Phases of one instant run on every core; the result must not depend on
+/// how many there are.
+#[test]
+fn the_number_of_threads_does_not_change_a_run() {
+    let mut s = Scenario::load("hetero-8x-16").unwrap();
+    s.duration_s = 10.0;
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let out = pool.install(|| run(&s, &opts(Strategy::Gopals)).unwrap());
+        serde_json::to_string(&RunSummary::new(&s, &out)).unwrap()
+    };
+    let one = on(1);
+    assert_eq!(one, on(3));
+    assert!(one.contains("\"updates_total\""), "{one}");
+}
+
 /// A free network and one inner step per round, step times 1, 1, 1 and 4 s.
 fn closed_form_scenario() -> Scenario {
     let mut s = Scenario::load("hetero-4x").unwrap();

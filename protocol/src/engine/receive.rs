@@ -63,8 +63,8 @@ impl Engine {
             w.add_source(from);
             return false;
         }
-        if self.is_known(&a.id) {
-            return false;
+        if self.pending_ids.contains(&a.id) {
+            return false; // known: not awaited (checked above), so pending
         }
         let tau = self.staleness(a);
         if tau > self.cfg.staleness.tau_max as u64 {

@@ -10,7 +10,7 @@ use ragtag_protocol::{
 
 use super::{
     Delivery, Ev, HAVE_BYTES, HEARTBEAT_BYTES, INLINE_PAYLOAD_BYTES, Published, REQUEST_BYTES, SIGNED_OVERHEAD,
-    STORE_RETAIN_S, Sim,
+    STORE_RETAIN_S, Sim, phases::DeferredPhase,
 };
 
 impl Sim<'_> {
@@ -19,28 +19,12 @@ impl Sim<'_> {
         match out {
             Output::StartLocalPhase(p) => {
                 let n = &mut self.nodes[k];
-                let result = n
-                    .trainer
-                    .run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed)
-                    .expect("training on the CPU does not fail on valid input");
                 let steps = if p.mode == ragtag_protocol::engine::LocalMode::Gradient { 1 } else { p.steps };
                 let duration = n.profile.phase_duration(self.now, steps, self.scenario.step_cost_s);
                 n.phase_started(self.now);
-                let delta: Vec<f32> = if p.mode == ragtag_protocol::engine::LocalMode::Gradient {
-                    result.params.clone()
-                } else {
-                    p.anchor.iter().zip(&result.params).map(|(a, t)| a - t).collect()
-                };
-                let local = ragtag_protocol::engine::LocalResult {
-                    round: p.round,
-                    params: result.params,
-                    steps: result.steps,
-                    samples: result.samples,
-                    loss: result.loss,
-                    flops: result.flops,
-                };
-                let incarnation = n.incarnation;
-                self.push(self.now + duration, Ev::PhaseDone { node: k, incarnation, result: Box::new(local), delta });
+                // The math runs with the other phases of this instant.
+                let (node, incarnation, done_at) = (k, n.incarnation, self.now + duration);
+                self.deferred.push(DeferredPhase { node, incarnation, phase: p, done_at });
             }
             Output::Publish(p) => {
                 self.published += 1;
