@@ -134,7 +134,8 @@ fn main() -> Result<()> {
             section(&format!("{scenario}: against the goals"), "", &figs, &mut md);
         }
         if simnet.exists() {
-            let f = simulate::large(&simnet, if full { None } else { Some(30.0) });
+            // Full: about 100 rounds per node (the goal's), 1.2 rounds per virtual second.
+            let f = simulate::large(&simnet, Some(if full { 85.0 } else { 30.0 }));
             section(
                 "Simulator scale: 1,000 nodes",
                 "`ragtag-simnet run --scenario large` in its own process.",
