@@ -3,6 +3,8 @@
 # loopback for D seconds; every 30 s prints the mean and max resident memory
 # of all ragtag processes and the warnings logged so far. Environment is
 # passed on (e.g. MALLOC_ARENA_MAX=2 to compare allocator settings).
+# With HEAPTRACK_OUT=FILE, the second process runs under heaptrack and its
+# profile is written to FILE.zst.
 #   cargo build --release -p ragtag-node && N=16 D=240 tests/scripts/soak-sample.sh
 set -euo pipefail
 R="$(cd "$(dirname "$0")/../.." && pwd)/target/release/ragtag"
@@ -16,7 +18,9 @@ cd "$work"
 for _ in $(seq 50); do grep -q "listening on" e0 2>/dev/null && break; sleep 0.2; done
 addr=$(grep -m1 "listening on" e0 | sed 's/listening on //')
 for i in $(seq 1 $((N - 1))); do
-    "$R" run --json --duration "$D" --state "st$i" --bootstrap "$addr" >"o$i" 2>"e$i" &
+    wrap=()
+    if [ "$i" = 1 ] && [ -n "${HEAPTRACK_OUT:-}" ]; then wrap=(heaptrack -o "$HEAPTRACK_OUT"); fi
+    "${wrap[@]}" "$R" run --json --duration "$D" --state "st$i" --bootstrap "$addr" >"o$i" 2>"e$i" &
 done
 for t in $(seq 30 30 $((D - 10))); do
     sleep 30
