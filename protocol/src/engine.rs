@@ -537,14 +537,11 @@ impl Engine {
         if src == self.me || !self.membership.is_live(&src) {
             return;
         }
+        use std::collections::btree_map::Entry;
         let old = match self.last_tick_of.entry(src) {
-            std::collections::btree_map::Entry::Occupied(mut e) => {
-                if *e.get() >= tick {
-                    return;
-                }
-                Some(e.insert(tick))
-            }
-            std::collections::btree_map::Entry::Vacant(e) => {
+            Entry::Occupied(e) if *e.get() >= tick => return,
+            Entry::Occupied(mut e) => Some(e.insert(tick)),
+            Entry::Vacant(e) => {
                 e.insert(tick);
                 None
             }
