@@ -1,11 +1,18 @@
-//! How much resident memory sled holds as a node's ledger grows, for a
-//! given cache bound: appends record-sized values to an "own" tree (keyed
-//! by sequence) and a "receipts" tree (keyed by hash), flushing every 8, as
-//! the node does, and prints the process's RSS every `every` pairs.
+//! How much resident memory the node's ledger holds as it grows: every pair
+//! is one signed receipt appended to our chain (the node's most common
+//! record; appends are flushed every 8, as a drain does) and one receipt
+//! another node signed about our work, kept. Prints the process's RSS and
+//! the size on disk every `EVERY` pairs.
 //!
-//! `cargo run --release -p ragtag-node --example ledger_memory -- CACHE_BYTES PAIRS [SIZE] [EVERY]`
+//! `cargo run --release -p ragtag-node --example ledger_memory -- PAIRS [EVERY]`
 
 use anyhow::{Context, Result};
+use ragtag_node::ledger::SledLedger;
+use ragtag_protocol::{
+    Keypair,
+    ids::{Hash32, RunId, UpdateId},
+    ledger::{LedgerStore, LedgerWriter, ReceiptOutcome, RecordKind},
+};
 
 fn rss_kib() -> Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
@@ -13,40 +20,59 @@ fn rss_kib() -> Result<u64> {
     Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
 }
 
-fn arg(args: &[String], i: usize, default: Option<u64>) -> Result<u64> {
-    match args.get(i) {
-        Some(a) => Ok(a.parse()?),
-        None => default.context("usage: ledger_memory CACHE_BYTES PAIRS [SIZE] [EVERY]"),
+fn disk_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in walk(dir)? {
+        total += entry.metadata()?.len();
+    }
+    Ok(total)
+}
+
+fn walk(dir: &std::path::Path) -> Result<Vec<std::fs::DirEntry>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            files.extend(walk(&entry.path())?);
+        } else {
+            files.push(entry);
+        }
+    }
+    Ok(files)
+}
+
+fn receipt(src: Keypair, round: u64) -> RecordKind {
+    RecordKind::Receipt {
+        update: UpdateId { src: src.node_id(), round },
+        payload_hash: Hash32(*blake3::hash(&round.to_le_bytes()).as_bytes()),
+        samples: 1600,
+        outcome: ReceiptOutcome::Accepted { weight: 0.9, staleness: 1 },
     }
 }
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cache, pairs) = (arg(&args, 0, None)?, arg(&args, 1, None)?);
-    let (size, every) = (arg(&args, 2, Some(250))? as usize, arg(&args, 3, Some(1000))?.max(1));
+    let usage = "usage: ledger_memory PAIRS [EVERY]";
+    let pairs: u64 = args.first().context(usage)?.parse()?;
+    let every: u64 = args.get(1).map_or(Ok(10_000), |a| a.parse())?.max(1);
     let dir = tempfile::tempdir()?;
-    let db = sled::Config::new().path(dir.path()).cache_capacity(cache).flush_every_ms(None).open()?;
-    let (own, receipts) = (db.open_tree("own")?, db.open_tree("receipts")?);
+    let mut ledger = SledLedger::open(dir.path())?;
+    let run = RunId(Hash32([7; 32]));
+    let (me, other) = (Keypair::deterministic(1, 0), Keypair::deterministic(1, 1));
+    let (mut ours, mut theirs) = (LedgerWriter::new(me.clone(), run), LedgerWriter::new(other.clone(), run));
     println!("pairs rss_kib disk_bytes");
-    println!("0 {} {}", rss_kib()?, db.size_on_disk()?);
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    println!("0 {} {}", rss_kib()?, disk_bytes(dir.path())?);
+    let mut group = Vec::new();
     for i in 0..pairs {
-        // Incompressible bytes, like signatures and hashes.
-        let value: Vec<u8> = (0..size)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        own.insert(i.to_be_bytes(), value.as_slice())?;
-        receipts.insert(blake3::hash(&value).as_bytes(), value)?;
-        if i % 8 == 7 {
-            db.flush()?;
+        group.push(ours.next(i, receipt(other.clone(), i)));
+        if group.len() == 8 {
+            ledger.append_unflushed(&group)?;
+            ledger.flush()?;
+            group.clear();
         }
+        ledger.keep_receipt(&theirs.next(i, receipt(me.clone(), i)))?;
         if (i + 1) % every == 0 {
-            println!("{} {} {}", i + 1, rss_kib()?, db.size_on_disk()?);
+            println!("{} {} {}", i + 1, rss_kib()?, disk_bytes(dir.path())?);
         }
     }
     Ok(())
