@@ -12,7 +12,8 @@ D=${D:-240}
 N=${N:-16}
 export RAYON_NUM_THREADS=1 RUST_LOG=warn NO_COLOR=1
 work=$(mktemp -d)
-trap 'pkill -P $$ ragtag 2>/dev/null || true; rm -rf "$work"' EXIT
+# With KEEP=DIR, the processes' logs are copied to DIR at the end.
+trap 'pkill -P $$ ragtag 2>/dev/null || true; if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$work"/[oe]* "$KEEP"/; fi; rm -rf "$work"' EXIT
 cd "$work"
 "$R" run --json --duration $((D + 10)) --state st0 >o0 2>e0 &
 for _ in $(seq 50); do grep -q "listening on" e0 2>/dev/null && break; sleep 0.2; done
