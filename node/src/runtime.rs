@@ -336,15 +336,18 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         origin: format!("{origin:?}").to_lowercase(),
         anchor_sketch: ragtag_protocol::engine::anti_entropy::anchor_sketch(node.engine.anchor()),
     };
-    if node.opts.json {
-        println!(
-            "{}",
-            serde_json::json!({ "event": "exit", "outcome": &outcome, "status": &*node.status.read().expect("status lock") })
-        );
-    }
+    let exit_line = node.opts.json.then(|| {
+        serde_json::json!({ "event": "exit", "outcome": &outcome, "status": &*node.status.read().expect("status lock") })
+    });
     net.shutdown().await;
     let _ = net_task.await;
     node.trainer.shutdown();
+    // The exit line promises that the state directory is free: the ledger's
+    // database lock goes with the ledger.
+    drop(node.ledger);
+    if let Some(line) = exit_line {
+        println!("{line}");
+    }
     Ok(outcome)
 }
 

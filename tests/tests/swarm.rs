@@ -99,7 +99,12 @@ fn a_killed_node_resumes_from_its_state() {
         .args(["ledger", "verify", "--state", b_dir.join("state").to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "ledger verify failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     a.wait_json("exit", T).expect("the swarm keeps going");
 }
 
