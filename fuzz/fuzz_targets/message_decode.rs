@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(msg) = Message::decode(data) else { return };
     // Whatever decodes re-encodes within its kind's limit.
     assert!(msg.encode().len() <= msg.kind().max_len());
-    let validator = UpdateValidator::new(RunId(Hash32([0; 32])), 64, None);
+    let validator = UpdateValidator::new(RunId(Hash32([0; 32])), 64, 50, None);
     match msg {
         Message::Announce(s) => {
             let _ = validator.check_announcement(&s);

@@ -271,7 +271,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     let num_values = trainer.info.initial.len() as u64;
     let store_rounds = PayloadStore::rounds_for_horizon(engine.config().staleness.tau_max);
     let mut node = Node {
-        validator: UpdateValidator::new(run_id, num_values, opts.allow.clone()),
+        validator: UpdateValidator::new(run_id, num_values, engine.config().h, opts.allow.clone()),
         me,
         engine,
         ledger,

@@ -31,7 +31,7 @@ pub enum RejectReason {
     ShapeMismatch,
     /// NaN or infinity in the values.
     NonFinite,
-    /// Norm far above the running median of accepted updates.
+    /// Norm per step far above the running median of accepted updates.
     NormTooLarge,
     /// Staler than `tau_max`.
     TooStale,
@@ -89,8 +89,9 @@ impl std::fmt::Display for RejectReason {
     }
 }
 
-/// The poisoning guard: an update whose norm exceeds `factor` times the
-/// median of recently accepted norms is rejected. The window is bounded.
+/// The poisoning guard: an update whose norm (per step, see
+/// [`UpdateValidator::check_payload`]) exceeds `factor` times the median of
+/// recently accepted ones is rejected. The window is bounded.
 #[derive(Clone, Debug)]
 pub struct NormGuard {
     window: VecDeque<f64>,
@@ -142,6 +143,7 @@ pub struct UpdateValidator {
     run_id: RunId,
     num_values: u64,
     allow: Option<BTreeSet<NodeId>>,
+    max_steps: u32,
     norms: NormGuard,
 }
 
@@ -151,10 +153,12 @@ const NORM_FACTOR: f64 = 10.0;
 const NORM_MIN_SAMPLES: usize = 4;
 
 impl UpdateValidator {
-    /// A validator for `run_id` with models of `num_values` parameters;
-    /// `allow` restricts sources (private swarms).
-    pub fn new(run_id: RunId, num_values: u64, allow: Option<BTreeSet<NodeId>>) -> Self {
-        Self { run_id, num_values, allow, norms: NormGuard::new(NORM_WINDOW, NORM_FACTOR, NORM_MIN_SAMPLES) }
+    /// A validator for `run_id` with models of `num_values` parameters
+    /// and rounds of up to `max_steps` (the run's H) inner steps; `allow`
+    /// restricts sources (private swarms).
+    pub fn new(run_id: RunId, num_values: u64, max_steps: u32, allow: Option<BTreeSet<NodeId>>) -> Self {
+        let norms = NormGuard::new(NORM_WINDOW, NORM_FACTOR, NORM_MIN_SAMPLES);
+        Self { run_id, num_values, allow, max_steps: max_steps.max(1), norms }
     }
 
     /// Opens a signed announcement and checks signature, run, source and shape.
@@ -188,7 +192,15 @@ impl UpdateValidator {
     }
 
     /// Checks a fetched payload against its announcement: size, hash,
-    /// structure, finite values and the norm bound. Returns the norm.
+    /// structure, finite values and the norm bound. Returns the norm per
+    /// step that the guard compared, to record if the update is accepted.
+    ///
+    /// Rounds differ in length by design (work proportional to speed, a
+    /// tick joined late), and a pseudo-gradient's norm grows with its
+    /// steps: compared whole, a swarm whose first accepted rounds were short
+    /// rejected every full round after them, for the rest of the run. So the
+    /// guard compares norm per step. The claimed steps count between 1 and
+    /// the run's H: claiming more than H steps buys a sender no room.
     pub fn check_payload(&self, ann: &UpdateAnnouncement, bytes: &[u8]) -> Result<f64, RejectReason> {
         if bytes.len() as u64 != ann.payload_len {
             return Err(RejectReason::TooLarge);
@@ -202,12 +214,12 @@ impl UpdateValidator {
         if !finite {
             return Err(RejectReason::NonFinite);
         }
-        let norm = norm_sq.sqrt();
-        self.norms.check(norm)?;
-        Ok(norm)
+        let per_step = norm_sq.sqrt() / ann.steps.clamp(1, self.max_steps) as f64;
+        self.norms.check(per_step)?;
+        Ok(per_step)
     }
 
-    /// Records the norm of an update that was accepted.
+    /// Records the norm per step of an update that was accepted.
     pub fn record_accepted_norm(&mut self, norm: f64) {
         self.norms.record(norm);
     }
@@ -233,6 +245,10 @@ mod tests {
     };
 
     fn make(k: &Keypair, run: RunId, values: &[f32]) -> (Signed<UpdateAnnouncement>, Vec<u8>) {
+        make_with_steps(k, run, values, 1)
+    }
+
+    fn make_with_steps(k: &Keypair, run: RunId, values: &[f32], steps: u32) -> (Signed<UpdateAnnouncement>, Vec<u8>) {
         let mut bytes = Vec::new();
         encode(CodecKind::F32, values, &mut bytes);
         let ann = UpdateAnnouncement {
@@ -243,7 +259,7 @@ mod tests {
             base_tick: 0,
             publish_tick: 0,
             sender_staleness: 0,
-            steps: 1,
+            steps,
             samples: 1,
             speed: 1.0,
             loss: 1.0,
@@ -259,7 +275,7 @@ mod tests {
     fn each_bad_input_gets_its_reason() {
         let run = RunId(Hash32([1; 32]));
         let k = Keypair::deterministic(4, 0);
-        let mut v = UpdateValidator::new(run, 4, None);
+        let mut v = UpdateValidator::new(run, 4, 50, None);
         let (good, bytes) = make(&k, run, &[0.1, 0.2, 0.3, 0.4]);
         let ann = v.check_announcement(&good).unwrap();
         let norm = v.check_payload(&ann, &bytes).unwrap();
@@ -288,8 +304,33 @@ mod tests {
         assert_eq!(v.check_payload(&ann, &bytes[..8]), Err(RejectReason::TooLarge));
 
         let other = Keypair::deterministic(4, 1);
-        let private = UpdateValidator::new(run, 4, Some([other.node_id()].into_iter().collect()));
+        let private = UpdateValidator::new(run, 4, 50, Some([other.node_id()].into_iter().collect()));
         assert_eq!(private.check_announcement(&good), Err(RejectReason::NotAllowed));
+    }
+
+    #[test]
+    fn short_first_rounds_do_not_shut_out_full_rounds() {
+        let run = RunId(Hash32([1; 32]));
+        let k = Keypair::deterministic(4, 0);
+        let mut v = UpdateValidator::new(run, 4, 500, None);
+        let base = [0.1, 0.2, 0.3, 0.4];
+        let scaled = |f: f32| base.map(|x| x * f);
+        let check = |v: &UpdateValidator, values: &[f32], steps: u32| {
+            let (signed, bytes) = make_with_steps(&k, run, values, steps);
+            v.check_payload(&v.check_announcement(&signed).unwrap(), &bytes)
+        };
+        // The first accepted rounds were cut short: 10 steps each.
+        for _ in 0..4 {
+            let per_step = check(&v, &base, 10).unwrap();
+            v.record_accepted_norm(per_step);
+        }
+        // A full round of 300 steps moves 30 times as far: honest, accepted.
+        assert!(check(&v, &scaled(30.0), 300).is_ok());
+        // The same displacement claimed as one step is 300x per step.
+        assert_eq!(check(&v, &scaled(30.0), 1), Err(RejectReason::NormTooLarge));
+        // Claiming more steps than H (500) counts as H: 10,000 times the
+        // displacement over "100,000 steps" is 200x per step.
+        assert_eq!(check(&v, &scaled(10_000.0), 100_000), Err(RejectReason::NormTooLarge));
     }
 
     #[test]
