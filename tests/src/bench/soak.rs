@@ -15,11 +15,24 @@ use super::Figure;
 /// Lines of output kept per process stream until the run ends.
 const LINE_BUFFER: usize = 1 << 16;
 
-/// Resident memory of a process in MiB (Linux), if it still runs.
-fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+/// A process's memory in MiB (Linux), if it still runs.
+#[derive(Clone, Copy)]
+struct Memory {
+    /// Resident: what `ps` and `top` show.
+    rss: f64,
+    /// Anonymous: the process's own pages (heap, stacks). The rest of the
+    /// resident size is pages of the binary and libraries, shared by all
+    /// 16 processes and the same from the first minute (about 16 MiB here).
+    private: f64,
+}
+
+fn memory(pid: u32) -> Option<Memory> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let kib: f64 = rollup.lines().find(|l| l.starts_with(name))?.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    };
+    Some(Memory { rss: field("Rss:")?, private: field("Anonymous:")? })
 }
 
 struct Soaked {
@@ -85,13 +98,26 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     }
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(30));
-    let early: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    let sample = |procs: &[Soaked]| procs.iter().map(|p| memory(p.child.id())).collect::<Vec<_>>();
+    let early_all = sample(&procs);
     // Halfway: growth over the second half says whether memory levels off.
     let half = duration_s / 2;
     std::thread::sleep(Duration::from_secs(half.saturating_sub(30)));
-    let middle: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    let middle_all = sample(&procs);
     std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(10).saturating_sub(half.max(30))));
-    let late: Vec<f64> = procs.iter().filter_map(|p| rss_mib(p.child.id())).collect();
+    let late_all = sample(&procs);
+    let each: Vec<String> = early_all
+        .iter()
+        .zip(&late_all)
+        .map(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.1}->{:.1}", a.rss, b.rss),
+            _ => "gone".into(),
+        })
+        .collect();
+    let rss = |v: &[Option<Memory>]| v.iter().flatten().map(|m| m.rss).collect::<Vec<f64>>();
+    let private = |v: &[Option<Memory>]| v.iter().flatten().map(|m| m.private).collect::<Vec<f64>>();
+    let (early, middle, late) = (rss(&early_all), rss(&middle_all), rss(&late_all));
+    let (early_own, middle_own, late_own) = (private(&early_all), private(&middle_all), private(&late_all));
     let mut applied = Vec::new();
     let mut losses = Vec::new();
     let mut last_live = Vec::new();
@@ -121,8 +147,9 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let growth = mean(&late) / mean(&early).max(1e-9);
-    let mut sample: Vec<String> = problems.iter().take(3).cloned().collect();
-    sample.iter_mut().for_each(|s| s.truncate(160));
+    let mut logged: Vec<String> = problems.iter().take(3).cloned().collect();
+    logged.iter_mut().for_each(|s| s.truncate(160));
+    let (mid_s, end_s) = (half.max(30), duration_s.saturating_sub(10));
     vec![
         Figure::new(
             "soak",
@@ -131,21 +158,23 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
             "MiB",
         )
         .with_note(format!("max {:.1} MiB", max(&early))),
-        Figure::new("soak", &format!("memory per process after {} s", half.max(30)), mean(&middle), "MiB")
+        Figure::new("soak", &format!("memory per process after {mid_s} s"), mean(&middle), "MiB")
             .with_ratio(mean(&middle) / mean(&early).max(1e-9), "x the early figure")
             .with_note(format!("max {:.1} MiB", max(&middle))),
-        Figure::new(
-            "soak",
-            &format!("memory per process after {} s", duration_s.saturating_sub(10)),
-            mean(&late),
-            "MiB",
-        )
-        .with_ratio(growth, "x the early figure")
-        .with_note(format!(
-            "max {:.1} MiB; {:.3} x the halfway figure",
-            max(&late),
-            mean(&late) / mean(&middle).max(1e-9)
-        )),
+        Figure::new("soak", &format!("memory per process after {end_s} s"), mean(&late), "MiB")
+            .with_ratio(growth, "x the early figure")
+            .with_note(format!(
+                "max {:.1} MiB; {:.3} x the halfway figure; each process, 30 s -> {end_s} s: {}",
+                max(&late),
+                mean(&late) / mean(&middle).max(1e-9),
+                each.join(", ")
+            )),
+        Figure::new("soak", "private (anonymous) memory per process after 30 s (baseline)", mean(&early_own), "MiB"),
+        Figure::new("soak", &format!("private memory per process after {mid_s} s"), mean(&middle_own), "MiB")
+            .with_ratio(mean(&middle_own) / mean(&early_own).max(1e-9), "x the early figure"),
+        Figure::new("soak", &format!("private memory per process after {end_s} s"), mean(&late_own), "MiB")
+            .with_ratio(mean(&late_own) / mean(&early_own).max(1e-9), "x the early figure")
+            .with_note(format!("{:.3} x the halfway figure", mean(&late_own) / mean(&middle_own).max(1e-9))),
         Figure::new("soak", "updates applied per second per process", mean(&applied) / duration_s as f64, "updates/s")
             .with_note(format!(
                 "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",
@@ -161,6 +190,6 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
             losses.len()
         )),
         Figure::new("soak", "warnings and errors logged (all processes)", problems.len() as f64, "lines")
-            .with_note(if sample.is_empty() { "none".into() } else { sample.join(" | ") }),
+            .with_note(if logged.is_empty() { "none".into() } else { logged.join(" | ") }),
     ]
 }

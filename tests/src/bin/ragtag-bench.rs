@@ -86,7 +86,12 @@ fn main() -> Result<()> {
     }
     if wants("soak") {
         let ragtag = repo.join("target/release/ragtag");
-        let seconds = if full { 600 } else { 120 };
+        // `--soak-seconds N` runs longer, to see where memory levels off.
+        let seconds = args
+            .iter()
+            .position(|a| a == "--soak-seconds")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(if full { 600 } else { 120 });
         let f = soak::run(&ragtag, 16, seconds);
         section(
             &format!("Soak: 16 processes for {seconds} s"),
