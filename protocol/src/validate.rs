@@ -197,10 +197,11 @@ impl UpdateValidator {
     ///
     /// Rounds differ in length by design (work proportional to speed, a
     /// tick joined late), and a pseudo-gradient's norm grows with its
-    /// steps: compared whole, a swarm whose first accepted rounds were short
-    /// rejected every full round after them, for the rest of the run. So the
-    /// guard compares norm per step. The claimed steps count between 1 and
-    /// the run's H: claiming more than H steps buys a sender no room.
+    /// steps. Compared whole, once the first accepted rounds were short,
+    /// full rounds could be rejected; a rejected norm is never recorded, so
+    /// the median would never recover. So the guard compares norm per step.
+    /// The claimed steps count between 1 and the run's H: claiming more
+    /// than H steps buys a sender no room.
     pub fn check_payload(&self, ann: &UpdateAnnouncement, bytes: &[u8]) -> Result<f64, RejectReason> {
         if bytes.len() as u64 != ann.payload_len {
             return Err(RejectReason::TooLarge);
