@@ -22,23 +22,12 @@ fn rss_kib() -> Result<u64> {
 
 fn disk_bytes(dir: &std::path::Path) -> Result<u64> {
     let mut total = 0;
-    for entry in walk(dir)? {
-        total += entry.metadata()?.len();
-    }
-    Ok(total)
-}
-
-fn walk(dir: &std::path::Path) -> Result<Vec<std::fs::DirEntry>> {
-    let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            files.extend(walk(&entry.path())?);
-        } else {
-            files.push(entry);
-        }
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { disk_bytes(&entry.path())? } else { meta.len() };
     }
-    Ok(files)
+    Ok(total)
 }
 
 fn receipt(src: Keypair, round: u64) -> RecordKind {

@@ -114,10 +114,12 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
             _ => "gone".into(),
         })
         .collect();
-    let rss = |v: &[Option<Memory>]| v.iter().flatten().map(|m| m.rss).collect::<Vec<f64>>();
-    let private = |v: &[Option<Memory>]| v.iter().flatten().map(|m| m.private).collect::<Vec<f64>>();
-    let (early, middle, late) = (rss(&early_all), rss(&middle_all), rss(&late_all));
-    let (early_own, middle_own, late_own) = (private(&early_all), private(&middle_all), private(&late_all));
+    let pick = |f: fn(&Memory) -> f64| {
+        let of = |v: &[Option<Memory>]| v.iter().flatten().map(f).collect::<Vec<f64>>();
+        (of(&early_all), of(&middle_all), of(&late_all))
+    };
+    let (early, middle, late) = pick(|m| m.rss);
+    let (early_own, middle_own, late_own) = pick(|m| m.private);
     let mut applied = Vec::new();
     let mut losses = Vec::new();
     let mut last_live = Vec::new();
