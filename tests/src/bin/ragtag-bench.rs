@@ -1,6 +1,8 @@
 //! `ragtag-bench`: runs every benchmark of the project and rewrites
 //! BENCHMARKS.md. Every figure is a ratio against a baseline measured in
-//! the same run, on this machine.
+//! the same run, on this machine. A run of some benchmarks (`--only A,B`)
+//! or with `--print` prints its sections instead: BENCHMARKS.md holds the
+//! whole set, with the analysis, and a part must not replace it.
 //!
 //!     cargo run --release -p ragtag-tests --bin ragtag-bench -- --quick
 //!     cargo run --release -p ragtag-tests --bin ragtag-bench -- --full
@@ -162,7 +164,7 @@ fn main() -> Result<()> {
         "## GPU\n\nNo CUDA GPU on this machine: the CUDA training step and its PyTorch comparison were not measured.\n"
     );
     let path = repo.join("BENCHMARKS.md");
-    if args.iter().any(|a| a == "--print") {
+    if only.is_some() || args.iter().any(|a| a == "--print") {
         println!("{md}");
     } else {
         std::fs::write(&path, &md)?;
