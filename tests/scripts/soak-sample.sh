@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Memory of a soak over time: N `ragtag run` processes of the built-in run on
 # loopback for D seconds; every 30 s prints the mean and max resident memory
-# of all ragtag processes and the warnings logged so far. Environment is
+# of all ragtag processes, their mean anonymous (private) memory, which
+# leaves out the binary's shared pages, and the warnings logged so far. Environment is
 # passed on (e.g. MALLOC_ARENA_MAX=2 to compare allocator settings).
 # With HEAPTRACK_OUT=FILE, the second process runs under heaptrack and its
 # profile is written to FILE.zst.
@@ -25,7 +26,9 @@ for i in $(seq 1 $((N - 1))); do
 done
 for t in $(seq 30 30 $((D - 10))); do
     sleep 30
-    ps -o rss= -C ragtag | awk -v t="$t" -v w="$(cat e* | grep -c WARN || true)" \
-        '{s += $1; if ($1 > m) m = $1; n++} END {printf "t=%d mean %.1f MiB max %.1f n=%d warns=%d\n", t, s/n/1024, m/1024, n, w}'
+    anon=$(for p in $(pgrep -x ragtag); do grep -s '^Anonymous:' "/proc/$p/smaps_rollup"; done |
+        awk '{s += $2; n++} END {if (n) printf "%.1f", s/n/1024}')
+    ps -o rss= -C ragtag | awk -v t="$t" -v a="$anon" -v w="$(cat e* | grep -c WARN || true)" \
+        '{s += $1; if ($1 > m) m = $1; n++} END {printf "t=%d mean %.1f MiB max %.1f anon %s n=%d warns=%d\n", t, s/n/1024, m/1024, a, n, w}'
 done
 wait

@@ -1,23 +1,32 @@
-//! An append-only log of sequenced byte records in one sled tree, stored in
-//! sealed blocks of [`BLOCK`] records plus a tail of at most `BLOCK - 1`.
+//! An append-only log of sequenced byte records: sealed blocks of [`BLOCK`]
+//! records in a [`BlockFile`], and a tail of at most `BLOCK - 1` records in
+//! one sled tree, beside the file's committed length.
 //!
 //! sled keeps state in memory for every page of a tree however small its
-//! cache (a page holds up to 16 keys), and its cache keeps at least one page
-//! in each of its 256 shards. With one key per record a node's resident
-//! memory grew without bound, by about 65 bytes per pair of records from
-//! 40,000 to 240,000 pairs; with blocks of 8 it levels off
-//! (`--example ledger_memory`, figures in BENCHMARKS.md). The tail reuses
-//! the same `BLOCK` keys for ever.
+//! cache (a page holds up to 16 keys), and its cache keeps recently written
+//! pages in memory until 64 more accesses reach the same one of its 256
+//! shards. With one key per record a node's resident memory grew without
+//! bound; with sealed blocks as sled values it grew by about 7.5 MiB over
+//! the first 10,000 pairs of records before it levelled off, most of a soak
+//! node's growth in its first half hour (`--example ledger_memory`, figures
+//! in BENCHMARKS.md). Sealed blocks in a file of their own leave sled a
+//! fixed set of keys: the tail reuses the same `BLOCK` keys for ever.
+
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// Records per sealed block. Larger blocks mean fewer pages per record but
-/// larger pages held in the cache's floor; 8 levelled off lowest of 1, 4, 8
-/// and 16 after 240,000 pairs (`--example ledger_memory`).
+use super::block_file::{BlockFile, FrameError, frame, frames};
+
+/// Records per sealed block: one file write (and sync) per block.
 pub(crate) const BLOCK: usize = 8;
 
+/// Blocks stored as sled values, before the block file; moved into it on
+/// open.
 const SEALED: u8 = 0;
 const TAIL: u8 = 1;
+/// The block file's committed length and where its last block starts.
+const META: [u8; 1] = [2];
 
 /// One record and its sequence number.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,21 +43,31 @@ pub enum BlockLogError {
     /// sled failed.
     #[error("ledger storage: {0}")]
     Sled(#[from] sled::Error),
+    /// The block file failed.
+    #[error("ledger block file: {0}")]
+    File(#[from] std::io::Error),
     /// A stored value does not decode.
     #[error("ledger block {0:?} is corrupt")]
     Corrupt(Vec<u8>),
+    /// The block file's framing is broken.
+    #[error("ledger block file is corrupt: {0}")]
+    Frame(#[from] FrameError),
 }
 
-/// The log over one tree.
+/// The committed part of the block file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Meta {
+    /// Bytes committed.
+    len: u64,
+    /// Where the last committed block starts.
+    last_at: u64,
+}
+
+/// The log over one tree and one block file.
 #[derive(Debug)]
 pub(crate) struct BlockLog {
     tree: sled::Tree,
-}
-
-fn sealed_key(block: u64) -> [u8; 9] {
-    let mut k = [SEALED; 9];
-    k[1..].copy_from_slice(&block.to_be_bytes());
-    k
+    file: BlockFile,
 }
 
 fn tail_key(slot: usize) -> [u8; 3] {
@@ -60,49 +79,91 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).expect("encoding to a Vec cannot fail")
 }
 
-/// A stored value: a sealed block of entries or one tail entry.
-fn decode(key: &[u8], value: &[u8]) -> Result<Vec<Entry>, BlockLogError> {
-    let corrupt = || BlockLogError::Corrupt(key.to_vec());
-    match key.first() {
-        Some(&SEALED) => postcard::from_bytes(value).map_err(|_| corrupt()),
-        Some(&TAIL) => postcard::from_bytes(value).map(|e| vec![e]).map_err(|_| corrupt()),
-        _ => Err(corrupt()),
-    }
+fn decode_block(at: u64, body: &[u8]) -> Result<Vec<Entry>, BlockLogError> {
+    postcard::from_bytes(body).map_err(|_| BlockLogError::Corrupt(at.to_be_bytes().to_vec()))
 }
 
 impl BlockLog {
-    /// The log stored in `tree`.
-    pub(crate) fn new(tree: sled::Tree) -> Self {
-        Self { tree }
+    /// The log stored in `tree` and the block file at `path`; moves blocks
+    /// that an older version stored in `tree` into the file.
+    pub(crate) fn open(tree: sled::Tree, path: &Path) -> Result<Self, BlockLogError> {
+        let log = Self { tree, file: BlockFile::open(path)? };
+        log.move_sealed_values()?;
+        Ok(log)
     }
 
-    /// Appends entries in one atomic sled batch (durable after the
-    /// database's next flush). Every `BLOCK`th append seals the tail into a
-    /// block and frees the tail's keys.
+    fn move_sealed_values(&self) -> Result<(), BlockLogError> {
+        let mut blocks = Vec::new();
+        let mut keys = Vec::new();
+        for kv in self.tree.scan_prefix([SEALED]) {
+            let (k, v) = kv?;
+            postcard::from_bytes::<Vec<Entry>>(&v).map_err(|_| BlockLogError::Corrupt(k.to_vec()))?;
+            blocks.push(v);
+            keys.push(k);
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for k in keys {
+            batch.remove(k);
+        }
+        self.write_blocks(self.meta()?, blocks.iter().map(|b| &b[..]), batch)?;
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    fn meta(&self) -> Result<Meta, BlockLogError> {
+        match self.tree.get(META)? {
+            Some(v) => postcard::from_bytes(&v).map_err(|_| BlockLogError::Corrupt(META.to_vec())),
+            None => Ok(Meta::default()),
+        }
+    }
+
+    /// Appends encoded blocks to the file after `meta`, then applies `batch`
+    /// with the new committed length: a crash in between leaves the old
+    /// length, and the bytes written are cut off by the next write.
+    fn write_blocks<'a>(
+        &self,
+        meta: Meta,
+        blocks: impl IntoIterator<Item = &'a [u8]>,
+        mut batch: sled::Batch,
+    ) -> Result<(), BlockLogError> {
+        let mut bytes = Vec::new();
+        let mut last_at = meta.last_at;
+        for b in blocks {
+            last_at = meta.len + bytes.len() as u64;
+            frame(&mut bytes, b);
+        }
+        if !bytes.is_empty() {
+            self.file.write_at(meta.len, &bytes)?;
+            batch.insert(&META, encode(&Meta { len: meta.len + bytes.len() as u64, last_at }));
+        }
+        self.tree.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Appends entries (durable after the database's next flush). Every
+    /// `BLOCK`th append seals the tail into a block in the file and frees
+    /// the tail's keys, in one atomic sled batch.
     pub(crate) fn append(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), BlockLogError> {
         let mut tail = self.tail()?;
-        let mut next_block = match self.tree.get_lt([TAIL])? {
-            Some((k, _)) if k.len() == 9 => u64::from_be_bytes(k[1..].try_into().expect("9-byte key")) + 1,
-            Some((k, _)) => return Err(BlockLogError::Corrupt(k.to_vec())),
-            None => 0,
-        };
         let mut batch = sled::Batch::default();
+        let mut sealed = Vec::new();
         for entry in entries {
             let slot = tail.last().map_or(0, |(s, _)| s + 1);
             batch.insert(&tail_key(slot), encode(&entry));
             tail.push((slot, entry));
             if slot + 1 >= BLOCK {
                 let block: Vec<&Entry> = tail.iter().map(|(_, e)| e).collect();
-                batch.insert(&sealed_key(next_block), encode(&block));
+                sealed.push(encode(&block));
                 for s in 0..BLOCK {
                     batch.remove(&tail_key(s));
                 }
                 tail.clear();
-                next_block += 1;
             }
         }
-        self.tree.apply_batch(batch)?;
-        Ok(())
+        self.write_blocks(self.meta()?, sealed.iter().map(|b| &b[..]), batch)
     }
 
     /// The tail: (slot, entry) in slot order.
@@ -121,20 +182,28 @@ impl BlockLog {
             .collect()
     }
 
+    /// The sealed blocks, in order.
+    fn blocks(&self) -> Result<Vec<Vec<Entry>>, BlockLogError> {
+        let bytes = self.file.read(0, self.meta()?.len)?;
+        frames(&bytes, 0)?.into_iter().map(|(at, body)| decode_block(at, body)).collect()
+    }
+
     /// Every entry, in the order appended.
     pub(crate) fn entries(&self) -> Result<Vec<Entry>, BlockLogError> {
-        let mut out = Vec::new();
-        for kv in self.tree.iter() {
-            let (k, v) = kv?;
-            out.extend(decode(&k, &v)?);
-        }
+        let mut out: Vec<Entry> = self.blocks()?.into_iter().flatten().collect();
+        out.extend(self.tail()?.into_iter().map(|(_, e)| e));
         Ok(out)
     }
 
     /// The newest entry.
     pub(crate) fn last(&self) -> Result<Option<Entry>, BlockLogError> {
-        match self.tree.last()? {
-            Some((k, v)) => Ok(decode(&k, &v)?.pop()),
+        if let Some((_, e)) = self.tail()?.pop() {
+            return Ok(Some(e));
+        }
+        let meta = self.meta()?;
+        let bytes = self.file.read(meta.last_at, meta.len)?;
+        match frames(&bytes, meta.last_at)?.first() {
+            Some(&(at, body)) => Ok(decode_block(at, body)?.pop()),
             None => Ok(None),
         }
     }
@@ -142,24 +211,28 @@ impl BlockLog {
     /// Replaces (or with `None` removes) the entry with sequence `seq`, in
     /// place; for tests of tampering. Returns whether it was found.
     pub(crate) fn replace(&self, seq: u64, bytes: Option<&[u8]>) -> Result<bool, BlockLogError> {
-        for kv in self.tree.iter() {
-            let (k, v) = kv?;
-            let mut entries = decode(&k, &v)?;
-            let Some(i) = entries.iter().position(|e| e.seq == seq) else { continue };
+        if let Some((slot, _)) = self.tail()?.into_iter().find(|(_, e)| e.seq == seq) {
             match bytes {
-                Some(b) => entries[i].bytes = b.to_vec(),
-                None => {
-                    entries.remove(i);
-                }
-            }
-            match entries.first() {
-                None => self.tree.remove(k)?,
-                Some(_) if k.first() == Some(&SEALED) => self.tree.insert(k, encode(&entries))?,
-                Some(e) => self.tree.insert(k, encode(e))?,
+                Some(b) => self.tree.insert(tail_key(slot), encode(&Entry { seq, bytes: b.to_vec() }))?,
+                None => self.tree.remove(tail_key(slot))?,
             };
             return Ok(true);
         }
-        Ok(false)
+        let mut blocks = self.blocks()?;
+        let Some(block) = blocks.iter_mut().find(|b| b.iter().any(|e| e.seq == seq)) else { return Ok(false) };
+        let i = block.iter().position(|e| e.seq == seq).expect("found above");
+        match bytes {
+            Some(b) => block[i].bytes = b.to_vec(),
+            None => {
+                block.remove(i);
+            }
+        }
+        // The whole file is written again from its start.
+        let encoded: Vec<Vec<u8>> = blocks.iter().filter(|b| !b.is_empty()).map(encode).collect();
+        let mut batch = sled::Batch::default();
+        batch.insert(&META, encode(&Meta::default()));
+        self.write_blocks(Meta::default(), encoded.iter().map(|b| &b[..]), batch)?;
+        Ok(true)
     }
 }
 
@@ -167,14 +240,25 @@ impl BlockLog {
 mod tests {
     use super::*;
 
+    fn sealed_key(block: u64) -> [u8; 9] {
+        let mut k = [SEALED; 9];
+        k[1..].copy_from_slice(&block.to_be_bytes());
+        k
+    }
+
     fn entry(seq: u64) -> Entry {
         Entry { seq, bytes: seq.to_le_bytes().repeat(1 + seq as usize % 5) }
     }
 
     fn log() -> (tempfile::TempDir, BlockLog) {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new().path(dir.path()).open().unwrap();
-        (dir, BlockLog::new(db.open_tree("t").unwrap()))
+        let log = open(dir.path());
+        (dir, log)
+    }
+
+    fn open(dir: &Path) -> BlockLog {
+        let db = sled::Config::new().path(dir).open().unwrap();
+        BlockLog::open(db.open_tree("t").unwrap(), &dir.join("t.blocks")).unwrap()
     }
 
     #[test]
@@ -188,9 +272,9 @@ mod tests {
             assert_eq!(all, (0..seq).map(entry).collect::<Vec<_>>());
             assert_eq!(log.last().unwrap(), Some(entry(seq - 1)));
         }
-        // Sealed blocks plus a tail shorter than a block: few keys.
+        // sled holds the tail and the file's length, no sealed block.
         let keys = log.tree.len();
-        assert_eq!(keys, seq as usize / BLOCK + seq as usize % BLOCK, "{keys} keys for {seq} records");
+        assert_eq!(keys, seq as usize % BLOCK + 1, "{keys} keys for {seq} records");
     }
 
     #[test]
@@ -222,9 +306,54 @@ mod tests {
 
     #[test]
     fn a_corrupt_block_is_an_error_not_a_panic() {
-        let (_dir, log) = log();
+        let (dir, log) = log();
         log.append((0..20).map(entry)).unwrap();
-        log.tree.insert(sealed_key(0), &[0xff; 3][..]).unwrap();
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(dir.path().join("t.blocks")).unwrap();
+        file.write_all_at(&[0xff; 3], 4).unwrap();
         assert!(matches!(log.entries(), Err(BlockLogError::Corrupt(_))));
+        file.write_all_at(&[0xff; 4], 0).unwrap();
+        assert!(matches!(log.entries(), Err(BlockLogError::Frame(_))));
+    }
+
+    #[test]
+    fn bytes_written_but_not_committed_are_never_read() {
+        let (dir, log) = log();
+        log.append((0..10).map(entry)).unwrap();
+        // A crash after a block reached the file but before sled took its
+        // length: the sled batch is lost, the bytes are not.
+        let meta = log.meta().unwrap();
+        let file = BlockFile::open(&dir.path().join("t.blocks")).unwrap();
+        let mut stray = Vec::new();
+        frame(&mut stray, &encode(&(100..108).map(entry).collect::<Vec<_>>()));
+        file.write_at(meta.len, &stray).unwrap();
+        assert_eq!(log.entries().unwrap(), (0..10).map(entry).collect::<Vec<_>>());
+        log.append((10..30).map(entry)).unwrap();
+        assert_eq!(log.entries().unwrap(), (0..30).map(entry).collect::<Vec<_>>());
+        assert_eq!(log.last().unwrap(), Some(entry(29)));
+    }
+
+    #[test]
+    fn blocks_stored_in_sled_by_an_older_version_move_into_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let tree = db.open_tree("t").unwrap();
+            for b in 0..3u64 {
+                let block: Vec<Entry> = (b * 8..b * 8 + 8).map(entry).collect();
+                tree.insert(sealed_key(b), encode(&block)).unwrap();
+            }
+            tree.insert(tail_key(0), encode(&entry(24))).unwrap();
+            db.flush().unwrap();
+        }
+        // Moved once: opening again finds them in the file.
+        for _ in 0..2 {
+            let log = open(dir.path());
+            assert_eq!(log.entries().unwrap(), (0..25).map(entry).collect::<Vec<_>>());
+            assert_eq!(log.tree.scan_prefix([SEALED]).count(), 0);
+        }
+        let log = open(dir.path());
+        log.append((25..33).map(entry)).unwrap();
+        assert_eq!(log.entries().unwrap(), (0..33).map(entry).collect::<Vec<_>>());
     }
 }

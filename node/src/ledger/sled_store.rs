@@ -43,7 +43,8 @@ pub enum LedgerError {
 }
 
 /// A ledger in a sled database: our chain, and the receipts we kept, each a
-/// [`BlockLog`] so that resident memory levels off as the ledger grows.
+/// [`BlockLog`] whose sealed blocks live in a file beside the database, so
+/// that sled holds a fixed set of keys as the ledger grows.
 #[derive(Debug)]
 pub struct SledLedger {
     db: sled::Db,
@@ -82,8 +83,8 @@ impl SledLedger {
         // sled caches up to 1 GiB by default; a volunteer's node runs for
         // days, and its ledger is read back rarely.
         let db = sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).flush_every_ms(None).open()?;
-        let chain = BlockLog::new(db.open_tree("chain")?);
-        let kept = BlockLog::new(db.open_tree("kept")?);
+        let chain = BlockLog::open(db.open_tree("chain")?, &dir.join("chain.blocks"))?;
+        let kept = BlockLog::open(db.open_tree("kept")?, &dir.join("kept.blocks"))?;
         let mut ledger = Self { db, chain, kept, recent: VecDeque::new() };
         ledger.migrate_per_record_trees()?;
         Ok(ledger)
