@@ -50,8 +50,14 @@ impl BlockFile {
         self.file.sync_data()
     }
 
-    /// The bytes in `from..to`.
+    /// The bytes in `from..to`; an error, before any allocation, where the
+    /// file is shorter than `to` (a length in sled that the file never got).
     pub(crate) fn read(&self, from: u64, to: u64) -> io::Result<Vec<u8>> {
+        let have = self.file.metadata()?.len();
+        if to > have {
+            let msg = format!("{to} bytes committed, {have} in the file");
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, msg));
+        }
         let mut buf = vec![0; to.saturating_sub(from) as usize];
         self.file.read_exact_at(&mut buf, from)?;
         Ok(buf)

@@ -307,13 +307,19 @@ mod tests {
     #[test]
     fn a_corrupt_block_is_an_error_not_a_panic() {
         let (dir, log) = log();
-        log.append((0..20).map(entry)).unwrap();
+        log.append((0..24).map(entry)).unwrap();
         use std::os::unix::fs::FileExt;
         let file = std::fs::OpenOptions::new().write(true).open(dir.path().join("t.blocks")).unwrap();
         file.write_all_at(&[0xff; 3], 4).unwrap();
         assert!(matches!(log.entries(), Err(BlockLogError::Corrupt(_))));
         file.write_all_at(&[0xff; 4], 0).unwrap();
         assert!(matches!(log.entries(), Err(BlockLogError::Frame(_))));
+        // A committed length the file never got: an error, not an
+        // allocation of that size.
+        log.tree.insert(META, encode(&Meta { len: u64::MAX / 2, last_at: 0 })).unwrap();
+        assert!(matches!(log.entries(), Err(BlockLogError::File(_))));
+        log.tree.insert(META, encode(&Meta { len: 1 << 40, last_at: 1 << 39 })).unwrap();
+        assert!(matches!(log.last(), Err(BlockLogError::File(_))));
     }
 
     #[test]
