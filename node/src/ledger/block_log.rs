@@ -219,8 +219,8 @@ impl BlockLog {
             return Ok(true);
         }
         let mut blocks = self.blocks()?;
-        let Some(block) = blocks.iter_mut().find(|b| b.iter().any(|e| e.seq == seq)) else { return Ok(false) };
-        let i = block.iter().position(|e| e.seq == seq).expect("found above");
+        let found = blocks.iter_mut().find_map(|b| b.iter().position(|e| e.seq == seq).map(|i| (b, i)));
+        let Some((block, i)) = found else { return Ok(false) };
         match bytes {
             Some(b) => block[i].bytes = b.to_vec(),
             None => {
