@@ -46,8 +46,10 @@ const INTERNAL_CAPACITY: usize = 1024;
 const MAX_UNREACHABLE_LOGGED: usize = 1024;
 /// Distinct (peer, reason) pairs logged at most.
 const MAX_LOGGED_REJECTIONS: usize = 10_000;
-/// Announcements remembered for validating fetched payloads at most.
-const MAX_ANNOUNCED: usize = 4096;
+/// Announcements remembered for validating fetched payloads at most; when
+/// full, those the engine no longer fetches are dropped (it fetches at most
+/// `MAX_AWAITING`, so room always remains).
+const MAX_ANNOUNCED: usize = 2 * ragtag_protocol::engine::MAX_AWAITING;
 
 /// Everything `ragtag run` decided.
 #[derive(Debug, Clone)]

@@ -407,6 +407,12 @@ impl Engine {
         self.applied.contains(id)
     }
 
+    /// Whether the payload of `id` is wanted and not yet here: a shell keeps
+    /// what it needs to check a fetched payload only while this holds.
+    pub fn is_fetching(&self, id: &UpdateId) -> bool {
+        self.awaiting.contains_key(id)
+    }
+
     fn emit(&mut self, output: Output) {
         self.outputs.push_back(output);
     }

@@ -101,9 +101,9 @@ impl Node {
                     acceptance(RejectReason::Replay)
                 }
                 Ok(a) => {
-                    self.remember(&a, &signed);
                     let src = a.id.src;
-                    self.engine.handle(now(), Input::Announcement { announcement: a, from: src });
+                    self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from: src });
+                    self.remember(&a, &signed);
                     MessageAcceptance::Accept
                 }
                 Err(r) => {
@@ -213,11 +213,17 @@ impl Node {
         MessageAcceptance::Accept
     }
 
+    /// Keeps a validated announcement while the engine fetches its payload:
+    /// a fetched payload is checked against it and stored with it. Entries
+    /// leave when the payload is stored; those the engine gave up on leave
+    /// when the map fills, so it holds in-flight fetches only.
     fn remember(&mut self, a: &UpdateAnnouncement, signed: &ragtag_protocol::Signed<UpdateAnnouncement>) {
-        if self.announced.len() >= MAX_ANNOUNCED
-            && let Some(oldest) = self.announced.keys().next().copied()
-        {
-            self.announced.remove(&oldest);
+        if !self.engine.is_fetching(&a.id) {
+            return;
+        }
+        if self.announced.len() >= MAX_ANNOUNCED {
+            let engine = &self.engine;
+            self.announced.retain(|id, _| engine.is_fetching(id));
         }
         self.announced.insert(a.id, (a.clone(), signed.clone()));
     }
@@ -285,6 +291,7 @@ impl Node {
                         self.bytes_in += bytes.len() as u64;
                         self.validator.record_accepted_norm(norm);
                         let payload = Arc::new(bytes);
+                        self.announced.remove(&id);
                         self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
                         self.engine.handle(now(), Input::Payload { id, bytes: payload });
                     }
@@ -305,8 +312,8 @@ impl Node {
             Internal::Announcement { from, result } => match result {
                 Ok(signed) => match self.validator.check_announcement(&signed) {
                     Ok(a) => {
+                        self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from });
                         self.remember(&a, &signed);
-                        self.engine.handle(now(), Input::Announcement { announcement: a, from });
                     }
                     Err(r) => self.reject(Self::peer_of(&from), r, "a fetched announcement"),
                 },

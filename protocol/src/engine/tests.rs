@@ -385,11 +385,13 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     e.handle(Micros(1), Input::Announcement { announcement: ann(0, 0), from: k1 });
     let fetches = std::iter::from_fn(|| e.poll_output()).filter(|o| matches!(o, Output::FetchPayload { .. })).count();
     assert_eq!(fetches, 1);
+    assert!(e.is_fetching(&UpdateId { src: k1, round: 0 }));
     // The same announcement again while fetching: no second fetch.
     e.handle(Micros(2), Input::Announcement { announcement: ann(0, 0), from: k1 });
     assert!(!std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchPayload { .. })));
     e.handle(Micros(3), Input::Payload { id: UpdateId { src: k1, round: 0 }, bytes: Arc::new(bytes.clone()) });
     assert!(e.has_applied(&UpdateId { src: k1, round: 0 }));
+    assert!(!e.is_fetching(&UpdateId { src: k1, round: 0 }));
     assert_eq!(e.version().get(&k1), 1);
     // Fetched knowing only its source: we tell peers we hold it too.
     let held =
@@ -418,6 +420,7 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     );
     assert!(outs.iter().any(|o| matches!(o, Output::Record(RecordKind::Receipt { .. }))));
     assert_eq!(e.stats().dropped[&RejectReason::TooStale], 1);
+    assert!(!e.is_fetching(&UpdateId { src: k1, round: 1 }));
     assert_eq!(e.version().get(&k1), 2);
 }
 
