@@ -4,6 +4,7 @@
 mod block_file;
 mod block_log;
 mod report;
+mod sled_open;
 mod sled_store;
 
 pub use block_file::FrameError;

@@ -257,7 +257,7 @@ mod tests {
     }
 
     fn open(dir: &Path) -> BlockLog {
-        let db = sled::Config::new().path(dir).open().unwrap();
+        let db = crate::ledger::sled_open::open(&sled::Config::new().path(dir)).unwrap();
         BlockLog::open(db.open_tree("t").unwrap(), &dir.join("t.blocks")).unwrap()
     }
 

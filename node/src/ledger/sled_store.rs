@@ -15,7 +15,10 @@ use ragtag_protocol::{
     ledger::{LedgerStore, RecordBody, SignedRecord},
 };
 
-use super::block_log::{BlockLog, BlockLogError, Entry};
+use super::{
+    block_log::{BlockLog, BlockLogError, Entry},
+    sled_open,
+};
 
 /// Ledger storage errors.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +85,7 @@ impl SledLedger {
     pub fn open(dir: &Path) -> Result<Self, LedgerError> {
         // sled caches up to 1 GiB by default; a volunteer's node runs for
         // days, and its ledger is read back rarely.
-        let db = sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).flush_every_ms(None).open()?;
+        let db = sled_open::open(&sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).flush_every_ms(None))?;
         let chain = BlockLog::open(db.open_tree("chain")?, &dir.join("chain.blocks"))?;
         let kept = BlockLog::open(db.open_tree("kept")?, &dir.join("kept.blocks"))?;
         let mut ledger = Self { db, chain, kept, recent: VecDeque::new() };
