@@ -103,7 +103,7 @@ impl Node {
                 Ok(a) => {
                     let src = a.id.src;
                     self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from: src });
-                    self.remember(&a, &signed);
+                    self.remember(a, signed);
                     MessageAcceptance::Accept
                 }
                 Err(r) => {
@@ -217,7 +217,7 @@ impl Node {
     /// a fetched payload is checked against it and stored with it. Entries
     /// leave when the payload is stored; those the engine gave up on leave
     /// when the map fills, so it holds in-flight fetches only.
-    fn remember(&mut self, a: &UpdateAnnouncement, signed: &ragtag_protocol::Signed<UpdateAnnouncement>) {
+    fn remember(&mut self, a: UpdateAnnouncement, signed: ragtag_protocol::Signed<UpdateAnnouncement>) {
         if !self.engine.is_fetching(&a.id) {
             return;
         }
@@ -225,7 +225,7 @@ impl Node {
             let engine = &self.engine;
             self.announced.retain(|id, _| engine.is_fetching(id));
         }
-        self.announced.insert(a.id, (a.clone(), signed.clone()));
+        self.announced.insert(a.id, (a, signed));
     }
 
     /// Serves a request.
@@ -279,11 +279,11 @@ impl Node {
     pub(crate) async fn on_internal(&mut self, i: Internal) {
         match i {
             Internal::Payload { id, from, result } => {
-                let Some((a, signed)) = self.announced.get(&id).cloned() else {
+                let Some((a, _)) = self.announced.get(&id) else {
                     self.engine.handle(now(), Input::FetchFailed { id, from, reason: None });
                     return;
                 };
-                match result.map_err(|e| (None, e)).and_then(|bytes| match self.validator.check_payload(&a, &bytes) {
+                match result.map_err(|e| (None, e)).and_then(|bytes| match self.validator.check_payload(a, &bytes) {
                     Ok(norm) => Ok((bytes, norm)),
                     Err(r) => Err((Some(r), r.to_string())),
                 }) {
@@ -291,8 +291,9 @@ impl Node {
                         self.bytes_in += bytes.len() as u64;
                         self.validator.record_accepted_norm(norm);
                         let payload = Arc::new(bytes);
-                        self.announced.remove(&id);
-                        self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
+                        if let Some((_, signed)) = self.announced.remove(&id) {
+                            self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
+                        }
                         self.engine.handle(now(), Input::Payload { id, bytes: payload });
                     }
                     Err((reason, e)) => {
@@ -313,7 +314,7 @@ impl Node {
                 Ok(signed) => match self.validator.check_announcement(&signed) {
                     Ok(a) => {
                         self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from });
-                        self.remember(&a, &signed);
+                        self.remember(a, signed);
                     }
                     Err(r) => self.reject(Self::peer_of(&from), r, "a fetched announcement"),
                 },
