@@ -1,17 +1,15 @@
 //! One connection per peer.
 //!
 //! Two nodes that learn of each other at the same moment both dial, and each
-//! ends up with two or more connections to the other (loopback soak: 18 to
+//! ends up with two or more connections to the other (loopback soak: 14 to
 //! 29 connections per process for 14 peers). Every connection holds its own
 //! encryption buffers, multiplexer and protocol handlers, so duplicates cost
 //! memory that grows as each of them carries a large transfer.
 //!
 //! Only the side with the lower peer id closes duplicates, so the two sides
-//! never close different connections and leave none. It keeps the newest
-//! direct connection, or the newest relayed one when none is direct: after
-//! a partition heals, the old connection may still be stuck retransmitting
-//! while the new one has just completed a handshake, and a hole-punched
-//! connection replaces the relayed one it was punched through.
+//! never close different connections and leave none. It keeps the oldest
+//! direct connection, or the oldest relayed one when none is direct, so a
+//! hole-punched connection replaces the relayed one it was punched through.
 
 use std::collections::HashMap;
 
@@ -44,7 +42,7 @@ impl PeerConnections {
         if self.local >= peer || conns.len() < 2 {
             return Vec::new();
         }
-        let keep = conns.iter().rev().find(|c| !c.relayed).unwrap_or(&conns[conns.len() - 1]).id;
+        let keep = conns.iter().find(|c| !c.relayed).unwrap_or(&conns[0]).id;
         conns.iter().map(|c| c.id).filter(|&c| c != keep).collect()
     }
 
@@ -73,16 +71,16 @@ mod tests {
     }
 
     #[test]
-    fn the_lower_id_closes_every_duplicate_and_keeps_the_newest() {
+    fn the_lower_id_closes_every_duplicate_and_keeps_the_oldest() {
         let (low, high) = ordered_pair();
         let mut at_low = PeerConnections::new(low);
         assert!(at_low.established(high, conn(1), false).is_empty());
-        assert_eq!(at_low.established(high, conn(2), false), vec![conn(1)]);
-        assert_eq!(at_low.established(high, conn(3), false), vec![conn(1), conn(2)]);
-        at_low.closed(high, conn(1));
+        assert_eq!(at_low.established(high, conn(2), false), vec![conn(2)]);
+        assert_eq!(at_low.established(high, conn(3), false), vec![conn(2), conn(3)]);
         at_low.closed(high, conn(2));
-        // Closing the kept one leaves the peer disconnected; a new one is kept.
         at_low.closed(high, conn(3));
+        // Closing the kept one leaves the peer disconnected; a new one is kept.
+        at_low.closed(high, conn(1));
         assert_eq!(at_low.by_peer.len(), 0);
         assert!(at_low.established(high, conn(4), false).is_empty());
         assert_eq!(at_low.by_peer.len(), 1);
