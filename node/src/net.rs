@@ -5,7 +5,6 @@
 
 mod behaviour;
 mod codec;
-mod duplicates;
 mod event_loop;
 mod score;
 mod transport;

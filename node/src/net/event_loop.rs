@@ -17,7 +17,6 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetInfo, NodeBehaviour, NodeBehaviourEvent,
-    duplicates::PeerConnections,
 };
 
 /// Inbound requests awaiting our response at most.
@@ -61,7 +60,6 @@ pub fn spawn(
         next_inbound: 0,
         penalties: BTreeMap::new(),
         listen: Vec::new(),
-        connections: PeerConnections::new(local),
     };
     let handle = tokio::spawn(task.run());
     Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
@@ -92,7 +90,6 @@ struct EventLoop {
     next_inbound: u64,
     penalties: BTreeMap<PeerId, u32>,
     listen: Vec<Multiaddr>,
-    connections: PeerConnections,
 }
 
 impl EventLoop {
@@ -195,15 +192,11 @@ impl EventLoop {
                 self.listen.push(full.clone());
                 self.emit(Event::Listening(full));
             }
-            SwarmEvent::ConnectionEstablished { peer_id, connection_id, endpoint, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
                 if !self.cfg.allow.is_empty() && !self.cfg.allow.contains(&peer_id) {
                     let _ = self.swarm.disconnect_peer_id(peer_id);
                     self.emit(Event::NotAllowed(peer_id));
                     return;
-                }
-                for duplicate in self.connections.established(peer_id, connection_id, endpoint.is_relayed()) {
-                    tracing::debug!("closing a duplicate connection to {peer_id}");
-                    self.swarm.close_connection(duplicate);
                 }
                 if num_established.get() == 1 {
                     // Ask the newcomer (and everyone) for peers right away,
@@ -212,12 +205,7 @@ impl EventLoop {
                     self.emit(Event::Connected(peer_id));
                 }
             }
-            SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, .. } => {
-                self.connections.closed(peer_id, connection_id);
-                if num_established == 0 {
-                    self.emit(Event::Disconnected(peer_id));
-                }
-            }
+            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => self.emit(Event::Disconnected(peer_id)),
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 let mut error = error.to_string();
                 if let Some(psk) = self.cfg.swarm_key {
