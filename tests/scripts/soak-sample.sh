@@ -5,10 +5,11 @@
 # leaves out the binary's shared pages, and the warnings logged so far. Environment is
 # passed on (e.g. MALLOC_ARENA_MAX=2 to compare allocator settings).
 # With HEAPTRACK_OUT=FILE, the second process runs under heaptrack and its
-# profile is written to FILE.zst.
+# profile is written to FILE.zst. BIN=PATH runs another build (A/B runs);
+# "conns" is the mean number of established TCP connections per process.
 #   cargo build --release -p ragtag-node && N=16 D=240 tests/scripts/soak-sample.sh
 set -euo pipefail
-R="$(cd "$(dirname "$0")/../.." && pwd)/target/release/ragtag"
+R=${BIN:-"$(cd "$(dirname "$0")/../.." && pwd)/target/release/ragtag"}
 D=${D:-240}
 N=${N:-16}
 export RAYON_NUM_THREADS=1 RUST_LOG=warn NO_COLOR=1
@@ -28,7 +29,8 @@ for t in $(seq 30 30 $((D - 10))); do
     sleep 30
     anon=$(for p in $(pgrep -x ragtag); do grep -s '^Anonymous:' "/proc/$p/smaps_rollup"; done |
         awk '{s += $2; n++} END {if (n) printf "%.1f", s/n/1024}')
-    ps -o rss= -C ragtag | awk -v t="$t" -v a="$anon" -v w="$(cat e* | grep -c WARN || true)" \
-        '{s += $1; if ($1 > m) m = $1; n++} END {printf "t=%d mean %.1f MiB max %.1f anon %s n=%d warns=%d\n", t, s/n/1024, m/1024, a, n, w}'
+    conns=$(ss -tnpH state established | grep -c '"ragtag"' || true)
+    ps -o rss= -C ragtag | awk -v t="$t" -v a="$anon" -v c="$conns" -v w="$(cat e* | grep -c WARN || true)" \
+        '{s += $1; if ($1 > m) m = $1; n++} END {printf "t=%d mean %.1f MiB max %.1f anon %s conns %.1f n=%d warns=%d\n", t, s/n/1024, m/1024, a, c/n, n, w}'
 done
 wait

@@ -35,6 +35,29 @@ fn memory(pid: u32) -> Option<Memory> {
     Some(Memory { rss: field("Rss:")?, private: field("Anonymous:")? })
 }
 
+/// A process's established TCP connections (Linux): its socket inodes
+/// matched against the kernel's table. Duplicate connections to one peer
+/// each hold their own buffers, so this explains memory that tracks it.
+fn connections(pid: u32) -> Option<usize> {
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| Some(l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
+        .collect();
+    let mut n = 0;
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
+        // Columns: sl local remote st ... inode (the tenth); state 01 is ESTABLISHED.
+        n += text
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|c| c.len() > 9 && c[3] == "01" && sockets.contains(c[9]))
+            .count();
+    }
+    Some(n)
+}
+
 struct Soaked {
     child: Child,
     stdout: mpsc::Receiver<String>,
@@ -99,13 +122,16 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(30));
     let sample = |procs: &[Soaked]| procs.iter().map(|p| memory(p.child.id())).collect::<Vec<_>>();
+    let count = |procs: &[Soaked]| procs.iter().filter_map(|p| connections(p.child.id())).collect::<Vec<_>>();
     let early_all = sample(&procs);
+    let early_conns = count(&procs);
     // Halfway: growth over the second half says whether memory levels off.
     let half = duration_s / 2;
     std::thread::sleep(Duration::from_secs(half.saturating_sub(30)));
     let middle_all = sample(&procs);
     std::thread::sleep(Duration::from_secs(duration_s.saturating_sub(10).saturating_sub(half.max(30))));
     let late_all = sample(&procs);
+    let late_conns = count(&procs);
     let each: Vec<String> = early_all
         .iter()
         .zip(&late_all)
@@ -148,6 +174,7 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let mean_of = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
     let growth = mean(&late) / mean(&early).max(1e-9);
     let mut logged: Vec<String> = problems.iter().take(3).cloned().collect();
     logged.iter_mut().for_each(|s| s.truncate(160));
@@ -177,6 +204,15 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
         Figure::new("soak", &format!("private memory per process after {end_s} s"), mean(&late_own), "MiB")
             .with_ratio(mean(&late_own) / mean(&early_own).max(1e-9), "x the early figure")
             .with_note(format!("{:.3} x the halfway figure", mean(&late_own) / mean(&middle_own).max(1e-9))),
+        Figure::new("soak", "TCP connections per process after 30 s", mean_of(&early_conns), "connections")
+            .with_note(format!("{} peers each; max {}", nodes - 1, early_conns.iter().max().unwrap_or(&0))),
+        Figure::new(
+            "soak",
+            &format!("TCP connections per process after {end_s} s"),
+            mean_of(&late_conns),
+            "connections",
+        )
+        .with_note(format!("max {}", late_conns.iter().max().unwrap_or(&0))),
         Figure::new("soak", "updates applied per second per process", mean(&applied) / duration_s as f64, "updates/s")
             .with_note(format!(
                 "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",
@@ -194,4 +230,21 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
         Figure::new("soak", "warnings and errors logged (all processes)", problems.len() as f64, "lines")
             .with_note(if logged.is_empty() { "none".into() } else { logged.join(" | ") }),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_counts_this_process_s_established_sockets() {
+        let me = std::process::id();
+        let before = connections(me).expect("this process runs");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_in, _) = listener.accept().unwrap();
+        // Both ends belong to this process; other tests may open their own.
+        assert!(connections(me).unwrap() >= before + 2);
+        assert_eq!(connections(u32::MAX), None, "no such process");
+    }
 }
