@@ -1,6 +1,7 @@
 //! Soak: many `ragtag` processes on loopback for minutes. Memory of every
-//! process near the start and near the end (it must stay flat), updates
-//! applied per second, and every warning or error they logged.
+//! process near the start and near the end (it must stay flat), their TCP
+//! connections, updates applied per second, and every warning or error
+//! they logged.
 
 use std::{
     io::{BufRead, BufReader},
@@ -243,7 +244,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let _out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (_in, _) = listener.accept().unwrap();
-        // Both ends belong to this process; other tests may open their own.
+        // Both ends belong to this process; no other test here opens sockets.
         assert!(connections(me).unwrap() >= before + 2);
         assert_eq!(connections(u32::MAX), None, "no such process");
     }
