@@ -130,7 +130,8 @@ pub struct TrainingSpec {
     pub clip: f32,
     /// Held-out samples (or sequences) used for each evaluation.
     pub eval_samples: u32,
-    /// The held-out loss the run aims for (used by reports and `--target-loss`).
+    /// The held-out loss the run aims for: reports measure the time to it.
+    /// A node stops there only when told so (`ragtag run --target-loss`).
     pub target_loss: Option<f32>,
 }
 
