@@ -123,7 +123,8 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(30));
     let sample = |procs: &[Soaked]| procs.iter().map(|p| memory(p.child.id())).collect::<Vec<_>>();
-    let count = |procs: &[Soaked]| procs.iter().filter_map(|p| connections(p.child.id())).collect::<Vec<_>>();
+    let count =
+        |procs: &[Soaked]| procs.iter().filter_map(|p| connections(p.child.id())).map(|n| n as f64).collect::<Vec<_>>();
     let early_all = sample(&procs);
     let early_conns = count(&procs);
     // Halfway: growth over the second half says whether memory levels off.
@@ -175,7 +176,6 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    let mean_of = |v: &[usize]| v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
     let growth = mean(&late) / mean(&early).max(1e-9);
     let mut logged: Vec<String> = problems.iter().take(3).cloned().collect();
     logged.iter_mut().for_each(|s| s.truncate(160));
@@ -205,15 +205,10 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
         Figure::new("soak", &format!("private memory per process after {end_s} s"), mean(&late_own), "MiB")
             .with_ratio(mean(&late_own) / mean(&early_own).max(1e-9), "x the early figure")
             .with_note(format!("{:.3} x the halfway figure", mean(&late_own) / mean(&middle_own).max(1e-9))),
-        Figure::new("soak", "TCP connections per process after 30 s", mean_of(&early_conns), "connections")
-            .with_note(format!("{} peers each; max {}", nodes - 1, early_conns.iter().max().unwrap_or(&0))),
-        Figure::new(
-            "soak",
-            &format!("TCP connections per process after {end_s} s"),
-            mean_of(&late_conns),
-            "connections",
-        )
-        .with_note(format!("max {}", late_conns.iter().max().unwrap_or(&0))),
+        Figure::new("soak", "TCP connections per process after 30 s", mean(&early_conns), "connections")
+            .with_note(format!("{} peers each; max {}", nodes - 1, max(&early_conns))),
+        Figure::new("soak", &format!("TCP connections per process after {end_s} s"), mean(&late_conns), "connections")
+            .with_note(format!("max {}", max(&late_conns))),
         Figure::new("soak", "updates applied per second per process", mean(&applied) / duration_s as f64, "updates/s")
             .with_note(format!(
                 "{} of {nodes} processes reported, {clean} exited cleanly, {wall:.0} s wall",
