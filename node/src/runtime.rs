@@ -89,10 +89,25 @@ pub struct NodeOptions {
 /// Results of background tasks, back on the loop.
 #[derive(Debug)]
 pub(crate) enum Internal {
-    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, String> },
-    Announcement { from: NodeId, result: Result<ragtag_protocol::Signed<UpdateAnnouncement>, String> },
-    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, String> },
-    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, String> },
+    Payload {
+        id: UpdateId,
+        from: NodeId,
+        result: Result<Vec<u8>, String>,
+    },
+    /// `Ok(None)`: the peer no longer holds it.
+    Announcement {
+        id: UpdateId,
+        from: NodeId,
+        result: Result<Option<ragtag_protocol::Signed<UpdateAnnouncement>>, String>,
+    },
+    Digest {
+        from: NodeId,
+        result: Result<ragtag_protocol::wire::ReplicaDigest, String>,
+    },
+    Anchor {
+        from: NodeId,
+        result: Result<ragtag_protocol::engine::ReplicaState, String>,
+    },
 }
 
 /// Wall-clock now, in the engine's time.

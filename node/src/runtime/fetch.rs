@@ -8,7 +8,9 @@ use ragtag_protocol::{
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
     manifest::Manifest,
-    wire::{Chunk, MAX_CHUNK_BYTES, Message, PayloadRequest, ReplicaDigest, StateRequest, UpdateAnnouncement},
+    wire::{
+        Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, PayloadRequest, ReplicaDigest, StateRequest, UpdateAnnouncement,
+    },
 };
 
 use crate::net::Client;
@@ -100,14 +102,15 @@ pub(crate) async fn manifest(net: &Client, peer: PeerId, run_id: RunId) -> Resul
     }
 }
 
-/// An announcement we missed.
+/// An announcement we missed; `None` when the peer no longer holds it.
 pub(crate) async fn announcement(
     net: &Client,
     peer: PeerId,
     id: UpdateId,
-) -> Result<Signed<UpdateAnnouncement>, String> {
+) -> Result<Option<Signed<UpdateAnnouncement>>, String> {
     match net.request(peer, Message::AnnouncementRequest(id)).await? {
-        Message::Announce(s) => Ok(s),
+        Message::Announce(s) => Ok(Some(s)),
+        Message::Error(ErrorReply::NotFound) => Ok(None),
         other => Err(unexpected(&other)),
     }
 }

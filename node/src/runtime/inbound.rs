@@ -310,8 +310,9 @@ impl Node {
                     }
                 }
             }
-            Internal::Announcement { from, result } => match result {
-                Ok(signed) => match self.validator.check_announcement(&signed) {
+            Internal::Announcement { id, from, result } => match result {
+                Ok(None) => self.engine.handle(now(), Input::AnnouncementGone { id, from }),
+                Ok(Some(signed)) => match self.validator.check_announcement(&signed) {
                     Ok(a) => {
                         self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from });
                         self.remember(a, signed);

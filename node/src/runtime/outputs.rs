@@ -67,7 +67,7 @@ impl Node {
                 let (net, tx) = (self.net.clone(), self.internal_tx.clone());
                 tokio::spawn(async move {
                     let result = fetch::announcement(&net, peer, id).await;
-                    let _ = tx.send(Internal::Announcement { from, result }).await;
+                    let _ = tx.send(Internal::Announcement { id, from, result }).await;
                 });
             }
             Output::AnnounceHeld { id, hash } => {

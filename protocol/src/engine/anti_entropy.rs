@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output, snapshot::ReplicaState};
 use crate::{
-    ids::NodeId,
+    ids::{NodeId, UpdateId},
     version::{AppliedSet, VersionVector},
     wire::{MAX_SKETCH_VALUES, ReplicaDigest},
 };
@@ -121,6 +121,25 @@ impl Engine {
             self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
         }
+    }
+
+    /// An update a peer has seen but can no longer serve. Left missing, it
+    /// would keep the seen sets apart for good, so the replicas would never
+    /// average again and drift apart: after a partition long enough for
+    /// stores to evict what was gossiped during it, that is what happened.
+    /// Given up, its effect reaches this replica through averaging instead.
+    /// Only behind what we already have of its source: a peer cannot make
+    /// us refuse updates still to come by naming them.
+    pub(super) fn on_announcement_gone(&mut self, id: UpdateId) {
+        if self.applied.contains(&id) || self.given_up.contains(&id) || self.is_known(&id) {
+            return;
+        }
+        let newest = [&self.applied, &self.given_up].into_iter().filter_map(|s| s.max_round(&id.src)).max();
+        if newest.is_none_or(|r| r <= id.round) {
+            return;
+        }
+        self.given_up.insert(id);
+        self.event(EngineEvent::FetchAbandoned { id });
     }
 
     pub(super) fn on_peer_anchor(&mut self, from: NodeId, state: ReplicaState) {
@@ -257,5 +276,38 @@ mod tests {
         let mut e = engine_after_digest();
         e.on_peer_anchor(NodeId([9; 32]), state(both.clone()));
         assert_eq!(e.stats().anchors_averaged, 0);
+    }
+
+    /// A hole no peer can fill any more (its holders evicted it) kept the
+    /// seen sets apart for good: the replicas never averaged again.
+    #[test]
+    fn an_update_nobody_can_serve_is_given_up_and_averaging_resumes() {
+        let run = RunId(Hash32([7; 32]));
+        let (me, peer) = (NodeId([3; 32]), NodeId([2; 32]));
+        let cfg = EngineConfig::preset(Strategy::Gopals);
+        let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![1.0; 8], 1.0, 3);
+        e.applied = set(&[(3, 0), (2, 0), (2, 2)]);
+        let digest = || ReplicaDigest {
+            run_id: run,
+            version: VersionVector::new(),
+            applied: set(&[(3, 0), (2, 0), (2, 1), (2, 2)]),
+            sketch: vec![3.0; 8],
+        };
+        let outputs = |e: &mut Engine| std::iter::from_fn(|| e.poll_output()).collect::<Vec<_>>();
+        let hole = UpdateId { src: peer, round: 1 };
+        e.on_peer_digest(peer, digest());
+        let out = outputs(&mut e);
+        assert!(out.iter().any(|o| matches!(o, Output::FetchAnnouncement { id, .. } if *id == hole)));
+        assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })), "the sets differ");
+        // Claims about updates still to come, or from unknown sources, are not believed.
+        for id in [UpdateId { src: peer, round: 5 }, UpdateId { src: NodeId([9; 32]), round: 0 }] {
+            e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone { id, from: peer });
+            assert!(!e.given_up.contains(&id));
+        }
+        e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone { id: hole, from: peer });
+        assert!(e.given_up.contains(&hole));
+        outputs(&mut e);
+        e.on_peer_digest(peer, digest());
+        assert!(outputs(&mut e).iter().any(|o| matches!(o, Output::FetchAnchor { .. })), "the sets match again");
     }
 }

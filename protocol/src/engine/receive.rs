@@ -40,7 +40,7 @@ impl Engine {
         id.round < self.round && !self.applied.contains(id) && !self.given_up.contains(id) && !self.is_known(id)
     }
 
-    fn is_known(&self, id: &UpdateId) -> bool {
+    pub(super) fn is_known(&self, id: &UpdateId) -> bool {
         self.awaiting.contains_key(id) || self.pending_ids.contains(id)
     }
 

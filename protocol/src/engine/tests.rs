@@ -65,6 +65,10 @@ struct Harness {
     now: Micros,
     /// Messages between the two sides are lost while `now` is in the window.
     partition: Option<(Micros, Micros, usize)>,
+    /// Holders serve an announcement only this long after it was published
+    /// (a node's store keeps recent rounds); `None`: forever.
+    served_for: Option<Micros>,
+    published_at: BTreeMap<UpdateId, Micros>,
 }
 
 impl Harness {
@@ -93,6 +97,8 @@ impl Harness {
             lr: 0.02,
             now: Micros::ZERO,
             partition: None,
+            served_for: None,
+            published_at: BTreeMap::new(),
         };
         for k in 0..speeds.len() {
             h.push(Micros::ZERO, Ev::Input(k, Box::new(Input::Start)));
@@ -160,6 +166,7 @@ impl Harness {
                     let id = p.announcement.id;
                     self.payloads.insert(id, p.payload.as_ref().clone());
                     self.announcements.insert(id, p.announcement.clone());
+                    self.published_at.insert(id, now);
                     for j in 0..self.engines.len() {
                         if j != k && self.link_up(k, j) {
                             let input = Input::Announcement { announcement: p.announcement.clone(), from: id.src };
@@ -172,8 +179,13 @@ impl Harness {
                     self.push(now + lat, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
                 }
                 Output::FetchAnnouncement { id, from } => {
-                    let announcement = self.announcements[&id].clone();
-                    self.push(now + lat, Ev::Input(k, Box::new(Input::Announcement { announcement, from })));
+                    let gone = self.served_for.is_some_and(|d| self.published_at[&id] + d < now);
+                    let input = if gone {
+                        Input::AnnouncementGone { id, from }
+                    } else {
+                        Input::Announcement { announcement: self.announcements[&id].clone(), from }
+                    };
+                    self.push(now + lat, Ev::Input(k, Box::new(input)));
                 }
                 Output::AnnounceHeld { id, .. } => {
                     let from = self.engines[k].node_id();
@@ -523,6 +535,24 @@ fn partition_then_heal_reconverges_without_double_application() {
     assert!(healed < bound, "after healing {healed} (bound {bound}, during split {split})");
     assert!(h.engines.iter().map(|e| e.stats().anchors_averaged).sum::<u64>() > 0);
     // The harness asserts on every application that nothing is applied twice.
+}
+
+/// What a real node's store does: after a partition longer than the
+/// rounds it keeps, what was gossiped during it cannot be fetched any more.
+/// Those holes must not keep the replicas from averaging.
+#[test]
+fn a_partition_longer_than_stores_keep_updates_still_reconverges() {
+    let mut cfg = EngineConfig::preset(Strategy::Gopals);
+    cfg.h = 10;
+    cfg.anti_entropy.every_rounds = 1;
+    let bound = cfg.anti_entropy.distance_threshold;
+    let mut h = Harness::new(cfg, &[1.0, 1.0, 1.0, 1.0], 6);
+    h.partition = Some((Micros::from_secs_f64(40.0), Micros::from_secs_f64(100.0), 2));
+    h.served_for = Some(Micros::from_secs_f64(20.0));
+    h.run_until(Micros::from_secs_f64(300.0));
+    let healed = max_pairwise_distance(&h);
+    assert!(healed < bound, "after healing {healed} (bound {bound})");
+    assert!(h.engines.iter().any(|e| e.given_up.sources() > 0), "some updates could not be fetched");
 }
 
 #[test]
