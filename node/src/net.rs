@@ -152,6 +152,9 @@ pub(crate) enum Command {
 pub struct NetInfo {
     /// Connected peers.
     pub connected: Vec<PeerId>,
+    /// Established connections, to all peers: above `connected.len()` when
+    /// some peer holds more than one.
+    pub connections: usize,
     /// Our listen addresses.
     pub listen: Vec<Multiaddr>,
     /// Gossipsub scores of connected peers.

@@ -7,6 +7,15 @@ use std::{collections::BTreeSet, time::Duration};
 use ragtag_tests::{netns::Lab, node_in, sketch_distance};
 
 const T: Duration = Duration::from_secs(180);
+/// Replicas must be back under the bound at some point after this many
+/// seconds, 25 s after the heal at 35 s (the nodes run until 90 s). Gossip
+/// resumes 8 to 9 s after the heal: stalled TCP connections wait out their
+/// retransmission backoff. Pairwise averaging then takes 2 to 23 s more.
+/// Measured (2026-12-01, 20 runs of this test, with and without AutoNAT's
+/// dial-backs closed): gossip back at 43-44 s, the last pair first under
+/// 1e-3 between 46 and 67 s. The window used to close at 70 s with the
+/// nodes, and failed whenever the random pairings were slow.
+const REPAIRED_BY: f64 = 60.0;
 
 #[test]
 fn a_healed_partition_reconverges_without_double_application() {
@@ -30,7 +39,7 @@ fn a_healed_partition_reconverges_without_double_application() {
     let m = manifest.to_str().unwrap();
     let listen = |i: usize| format!("/ip4/{}/tcp/4{i}00", lab.ip(i, 1));
     let first =
-        node_in(&lab, 0, &dir.path().join("n0"), &["--manifest", m, "--listen", &listen(0), "--duration", "75"]);
+        node_in(&lab, 0, &dir.path().join("n0"), &["--manifest", m, "--listen", &listen(0), "--duration", "95"]);
     let addr = first.listen_addr(T);
     let mut nodes = vec![first];
     for i in 1..4 {
@@ -38,7 +47,7 @@ fn a_healed_partition_reconverges_without_double_application() {
             &lab,
             i,
             &dir.path().join(format!("n{i}")),
-            &["--manifest", m, "--listen", &listen(i), "--bootstrap", &addr, "--duration", "70"],
+            &["--manifest", m, "--listen", &listen(i), "--bootstrap", &addr, "--duration", "90"],
         ));
     }
     std::thread::sleep(Duration::from_secs(15));
@@ -58,7 +67,7 @@ fn a_healed_partition_reconverges_without_double_application() {
     let mut compared = 0;
     for a in 0..4 {
         for b in a + 1..4 {
-            let late = |r: &&serde_json::Value| r["t"].as_f64().unwrap_or(0.0) > 50.0;
+            let late = |r: &&serde_json::Value| r["t"].as_f64().unwrap_or(0.0) > REPAIRED_BY;
             let best = reports[a]
                 .iter()
                 .filter(late)

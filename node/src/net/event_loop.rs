@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use futures::StreamExt;
 use libp2p::{
     Multiaddr, PeerId, Swarm, autonat,
+    core::{ConnectedPoint, transport::PortUse},
     gossipsub::{self, IdentTopic},
     identify, kad, mdns,
     metrics::{Metrics, Recorder},
@@ -76,6 +77,13 @@ fn is_loopback(addr: &Multiaddr) -> bool {
         Protocol::Ip6(ip) => ip.is_loopback(),
         _ => false,
     })
+}
+
+/// Is this our AutoNAT server's dial-back to a peer we are already
+/// connected to? Only that dial asks for a new port (to prove the peer is
+/// reachable from a fresh one); every other dial of ours reuses the port.
+fn is_probe_dial_back(endpoint: &ConnectedPoint, num_established: u32) -> bool {
+    num_established > 1 && matches!(endpoint, ConnectedPoint::Dialer { port_use: PortUse::New, .. })
 }
 
 struct EventLoop {
@@ -170,7 +178,8 @@ impl EventLoop {
                 let gs = &self.swarm.behaviour().gossipsub;
                 let scores = connected.iter().filter_map(|p| gs.peer_score(p).map(|s| (*p, s))).collect();
                 let mesh = gs.mesh_peers(&self.topic.hash()).count();
-                let _ = reply.send(NetInfo { connected, listen: self.listen.clone(), scores, mesh });
+                let connections = self.swarm.network_info().connection_counters().num_established() as usize;
+                let _ = reply.send(NetInfo { connected, connections, listen: self.listen.clone(), scores, mesh });
             }
             Command::Shutdown => {}
         }
@@ -192,10 +201,19 @@ impl EventLoop {
                 self.listen.push(full.clone());
                 self.emit(Event::Listening(full));
             }
-            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished { peer_id, connection_id, num_established, endpoint, .. } => {
                 if !self.cfg.allow.is_empty() && !self.cfg.allow.contains(&peer_id) {
                     let _ = self.swarm.disconnect_peer_id(peer_id);
                     self.emit(Event::NotAllowed(peer_id));
+                    return;
+                }
+                if is_probe_dial_back(&endpoint, num_established.get()) {
+                    // AutoNAT has its answer the moment this connection is up
+                    // (the reply travels on the peer's own connection). Left
+                    // open, gossipsub's mesh keeps it alive for good: each
+                    // probe added a connection, and its buffers, for the
+                    // process's lifetime.
+                    self.swarm.close_connection(connection_id);
                     return;
                 }
                 if num_established.get() == 1 {
@@ -336,6 +354,8 @@ impl EventLoop {
 
 #[cfg(test)]
 mod tests {
+    use libp2p::core::Endpoint;
+
     use super::*;
 
     #[test]
@@ -347,5 +367,17 @@ mod tests {
         let b: Multiaddr = "/ip4/10.1.2.3/tcp/1".parse().unwrap();
         assert!(!is_loopback(&b));
         assert!(peer_of(&b).is_none());
+    }
+
+    #[test]
+    fn only_a_second_connection_on_a_new_port_is_a_probe_dial_back() {
+        let address: Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().unwrap();
+        let dialer =
+            |port_use| ConnectedPoint::Dialer { address: address.clone(), role_override: Endpoint::Dialer, port_use };
+        assert!(is_probe_dial_back(&dialer(PortUse::New), 2));
+        assert!(!is_probe_dial_back(&dialer(PortUse::New), 1), "the only connection is kept");
+        assert!(!is_probe_dial_back(&dialer(PortUse::Reuse), 2), "our own dials reuse the port");
+        let listener = ConnectedPoint::Listener { local_addr: address.clone(), send_back_addr: address.clone() };
+        assert!(!is_probe_dial_back(&listener, 2));
     }
 }
