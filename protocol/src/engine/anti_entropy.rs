@@ -125,8 +125,8 @@ impl Engine {
 
     /// An update a peer has seen but can no longer serve. Left missing, it
     /// would keep the seen sets apart for good, so the replicas would never
-    /// average again and drift apart: after a partition long enough for
-    /// stores to evict what was gossiped during it, that is what happened.
+    /// average again and drift apart: that is what happened once gossip lost
+    /// in a partition was older than the rounds peers' stores keep.
     /// Given up, its effect reaches this replica through averaging instead.
     /// Only behind what we already have of its source: a peer cannot make
     /// us refuse updates still to come by naming them.

@@ -518,15 +518,21 @@ fn max_pairwise_distance(h: &Harness) -> f32 {
     worst
 }
 
-#[test]
-fn partition_then_heal_reconverges_without_double_application() {
+/// Four equal nodes with anti-entropy every round, split 2|2 from 40 s to
+/// 100 s; and the distance bound they must come back under.
+fn split_two_by_two() -> (Harness, f32) {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
     cfg.h = 10;
     cfg.anti_entropy.every_rounds = 1;
-    let bound = cfg.anti_entropy.distance_threshold;
     let mut h = Harness::new(cfg, &[1.0, 1.0, 1.0, 1.0], 6);
-    assert!(max_pairwise_distance(&h) == 0.0);
     h.partition = Some((Micros::from_secs_f64(40.0), Micros::from_secs_f64(100.0), 2));
+    (h, cfg.anti_entropy.distance_threshold)
+}
+
+#[test]
+fn partition_then_heal_reconverges_without_double_application() {
+    let (mut h, bound) = split_two_by_two();
+    assert!(max_pairwise_distance(&h) == 0.0);
     h.run_until(Micros::from_secs_f64(99.0));
     let split = max_pairwise_distance(&h);
     assert!(split > 5.0 * bound, "the partition should separate the replicas ({split})");
@@ -542,12 +548,7 @@ fn partition_then_heal_reconverges_without_double_application() {
 /// Those holes must not keep the replicas from averaging.
 #[test]
 fn a_partition_longer_than_stores_keep_updates_still_reconverges() {
-    let mut cfg = EngineConfig::preset(Strategy::Gopals);
-    cfg.h = 10;
-    cfg.anti_entropy.every_rounds = 1;
-    let bound = cfg.anti_entropy.distance_threshold;
-    let mut h = Harness::new(cfg, &[1.0, 1.0, 1.0, 1.0], 6);
-    h.partition = Some((Micros::from_secs_f64(40.0), Micros::from_secs_f64(100.0), 2));
+    let (mut h, bound) = split_two_by_two();
     h.served_for = Some(Micros::from_secs_f64(20.0));
     h.run_until(Micros::from_secs_f64(300.0));
     let healed = max_pairwise_distance(&h);
