@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use libp2p::{Multiaddr, PeerId};
 use ragtag_models::{TrainerConfig, data::Shard, device::DeviceChoice};
 use ragtag_protocol::{
-    Keypair, NodeId,
+    Keypair, NodeId, Signed,
     engine::{Engine, Input},
     ids::{Hash32, UpdateId},
     ledger::{LedgerWriter, RecordKind, SignedRecord},
@@ -86,28 +86,14 @@ pub struct NodeOptions {
     pub allow: Option<BTreeSet<NodeId>>,
 }
 
-/// Results of background tasks, back on the loop.
+/// Results of background tasks, back on the loop (an announcement of
+/// `Ok(None)`: the peer no longer holds it).
 #[derive(Debug)]
 pub(crate) enum Internal {
-    Payload {
-        id: UpdateId,
-        from: NodeId,
-        result: Result<Vec<u8>, String>,
-    },
-    /// `Ok(None)`: the peer no longer holds it.
-    Announcement {
-        id: UpdateId,
-        from: NodeId,
-        result: Result<Option<ragtag_protocol::Signed<UpdateAnnouncement>>, String>,
-    },
-    Digest {
-        from: NodeId,
-        result: Result<ragtag_protocol::wire::ReplicaDigest, String>,
-    },
-    Anchor {
-        from: NodeId,
-        result: Result<ragtag_protocol::engine::ReplicaState, String>,
-    },
+    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, String> },
+    Announcement { id: UpdateId, from: NodeId, result: Result<Option<Signed<UpdateAnnouncement>>, String> },
+    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, String> },
+    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, String> },
 }
 
 /// Wall-clock now, in the engine's time.
@@ -144,7 +130,7 @@ pub(crate) struct Node {
     net: net::Client,
     internal_tx: mpsc::Sender<Internal>,
     store: PayloadStore,
-    announced: BTreeMap<UpdateId, (UpdateAnnouncement, ragtag_protocol::Signed<UpdateAnnouncement>)>,
+    announced: BTreeMap<UpdateId, (UpdateAnnouncement, Signed<UpdateAnnouncement>)>,
     metrics: NodeMetrics,
     status: Arc<RwLock<Status>>,
     logged: BTreeSet<(PeerId, RejectReason)>,

@@ -276,7 +276,7 @@ impl Engine {
             Input::PayloadSource { id, from } => self.on_payload_source(id, from),
             Input::Payload { id, bytes } => self.on_payload(id, bytes),
             Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),
-            Input::AnnouncementGone { id, .. } => self.on_announcement_gone(id),
+            Input::AnnouncementGone(id) => self.on_announcement_gone(id),
             Input::Heartbeat(hb) => self.on_heartbeat(now, hb),
             Input::PeerDown(peer) => {
                 if self.membership.remove(&peer) {

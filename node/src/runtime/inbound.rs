@@ -311,7 +311,7 @@ impl Node {
                 }
             }
             Internal::Announcement { id, from, result } => match result {
-                Ok(None) => self.engine.handle(now(), Input::AnnouncementGone { id, from }),
+                Ok(None) => self.engine.handle(now(), Input::AnnouncementGone(id)),
                 Ok(Some(signed)) => match self.validator.check_announcement(&signed) {
                     Ok(a) => {
                         self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from });

@@ -301,10 +301,10 @@ mod tests {
         assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })), "the sets differ");
         // Claims about updates still to come, or from unknown sources, are not believed.
         for id in [UpdateId { src: peer, round: 5 }, UpdateId { src: NodeId([9; 32]), round: 0 }] {
-            e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone { id, from: peer });
+            e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone(id));
             assert!(!e.given_up.contains(&id));
         }
-        e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone { id: hole, from: peer });
+        e.handle(Micros::ZERO, crate::engine::Input::AnnouncementGone(hole));
         assert!(e.given_up.contains(&hole));
         outputs(&mut e);
         e.on_peer_digest(peer, digest());

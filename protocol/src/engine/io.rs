@@ -232,15 +232,10 @@ pub enum Input {
         /// Why the payload was refused, if it was.
         reason: Option<RejectReason>,
     },
-    /// A peer whose digest listed `id` answered that it no longer holds it
-    /// (its store keeps only recent rounds). Nobody is likely to serve it
-    /// now: given up, so anti-entropy can compare replicas again.
-    AnnouncementGone {
-        /// Which.
-        id: UpdateId,
-        /// The peer asked.
-        from: NodeId,
-    },
+    /// A peer whose digest listed this update answered that it no longer
+    /// holds it (its store keeps only recent rounds). Nobody is likely to
+    /// serve it now: given up, so anti-entropy can compare replicas again.
+    AnnouncementGone(UpdateId),
     /// A validated heartbeat.
     Heartbeat(Heartbeat),
     /// A peer disconnected or left.

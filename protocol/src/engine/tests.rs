@@ -181,7 +181,7 @@ impl Harness {
                 Output::FetchAnnouncement { id, from } => {
                     let gone = self.served_for.is_some_and(|d| self.published_at[&id] + d < now);
                     let input = if gone {
-                        Input::AnnouncementGone { id, from }
+                        Input::AnnouncementGone(id)
                     } else {
                         Input::Announcement { announcement: self.announcements[&id].clone(), from }
                     };
