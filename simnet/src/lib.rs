@@ -8,6 +8,7 @@
 //! give the same result, bit for bit. `compare` runs every strategy on the
 //! same scenario and writes a table, JSON, CSV and PNG plots.
 
+pub mod ablation;
 pub mod compare;
 pub mod measure;
 pub mod netns;

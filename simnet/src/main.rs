@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use ragtag_protocol::engine::Strategy;
 use ragtag_simnet::{
+    ablation::{self, LateUpdates, ablate_staleness},
     compare::{compare, summarize, table, write_all},
     report::{RunSummary, run_line},
     scenario::{BUILTIN, Scenario},
@@ -90,6 +91,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The staleness ablation: one strategy on one scenario with late
+    /// updates at full weight, weighted (the default) and dropped, several
+    /// seeds each.
+    Ablate {
+        /// Built-in scenario name or a TOML file.
+        #[arg(long, default_value = "stragglers")]
+        scenario: String,
+        /// Strategy every arm runs.
+        #[arg(long, default_value = "gopals", value_parser = parse_strategy)]
+        strategy: Strategy,
+        /// Arms, comma separated: none, polynomial, drop.
+        #[arg(long, default_value = "none,polynomial,drop", value_delimiter = ',', value_parser = parse_arm)]
+        staleness: Vec<LateUpdates>,
+        /// Seeds per arm.
+        #[arg(long, default_value_t = 3)]
+        seeds: u32,
+        /// Print the JSON result on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_arm(s: &str) -> Result<LateUpdates, String> {
+    LateUpdates::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = LateUpdates::ALL.iter().map(|a| a.name()).collect();
+        format!("unknown arm {s:?}; one of {}", names.join(", "))
+    })
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -175,6 +203,18 @@ fn main() -> Result<()> {
                 if let Some(dir) = &out {
                     println!("wrote summary.json, CSV and PNG plots to {}", dir.display());
                 }
+            }
+        }
+        Command::Ablate { scenario, strategy, staleness, seeds, json } => {
+            if staleness.is_empty() || seeds == 0 {
+                bail!("need at least one arm and one seed");
+            }
+            let s = Scenario::load(&scenario)?;
+            let a = ablate_staleness(&s, strategy, &staleness, seeds, !json)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&a)?);
+            } else {
+                print!("{}", ablation::table(&a));
             }
         }
     }

@@ -27,11 +27,25 @@ impl SpeedProfile {
 
     /// Virtual time `steps` inner steps take when started at `start`.
     pub fn phase_duration(&self, start: f64, steps: u32, step_cost: f64) -> f64 {
+        self.phase_until(start, steps, step_cost, None).1
+    }
+
+    /// The steps a phase started at `start` completes and the time they
+    /// take, stopped the way the node's trainer stops at the engine's
+    /// deadline: after each step it goes on only if one more step as long
+    /// as the last would end before `deadline`. At least one step runs, so
+    /// a straggler whose speed fell mid-round publishes on time with fewer
+    /// steps instead of overrunning its tick.
+    pub fn phase_until(&self, start: f64, steps: u32, step_cost: f64, deadline: Option<f64>) -> (u32, f64) {
         let mut t = start;
-        for _ in 0..steps {
-            t += step_cost / self.speed_at(t);
+        for done in 1..=steps {
+            let step = step_cost / self.speed_at(t);
+            t += step;
+            if done < steps && deadline.is_some_and(|d| t + step >= d) {
+                return (done, t - start);
+            }
         }
-        t - start
+        (steps, t - start)
     }
 
     /// Seconds of compute available in `[from, to)` at speed 1 (for the ideal).
@@ -91,6 +105,16 @@ mod tests {
         assert_eq!(p.speed_at(15.0), 0.5);
         assert!((p.phase_duration(0.0, 10, 0.1) - 0.5).abs() < 1e-9);
         assert!((p.phase_duration(10.0, 10, 0.1) - 2.0).abs() < 1e-9);
+        // A deadline cuts the phase as the node's trainer does: 5 steps of
+        // 0.05 s end at 0.25, a sixth would end at 0.30 >= 0.28.
+        let (steps, took) = p.phase_until(0.0, 10, 0.1, Some(0.28));
+        assert!(steps == 5 && (took - 0.25).abs() < 1e-9, "{steps} steps, {took} s");
+        // An episode that starts mid-phase slows the steps, and the cut follows.
+        // (9.95, 10.0 at full speed, then 10.2, 10.4; a fifth would end at 10.6.)
+        let (steps, took) = p.phase_until(9.9, 10, 0.1, Some(10.5));
+        assert!(steps == 4 && (took - 0.5).abs() < 1e-9, "{steps} steps, {took} s");
+        // At least one step, even past the deadline.
+        assert_eq!(p.phase_until(0.0, 10, 0.1, Some(0.0)).0, 1);
         assert!((p.work_between(0.0, 30.0) - (60.0 - 10.0 * 2.0 * 0.75)).abs() < 1e-9);
     }
 

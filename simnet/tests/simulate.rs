@@ -125,13 +125,17 @@ fn compare_writes_the_table_json_csv_and_plots() {
 }
 
 /// Four equal nodes split 2|2 for 20 s: after the heal the replicas settle
-/// back under the anti-entropy bound well before the run ends, and nothing
+/// back under the anti-entropy bound before the run ends, and nothing
 /// is applied twice (the engine asserts that on every application).
 #[test]
 fn a_healed_partition_settles_under_the_anti_entropy_bound() {
     let mut s = Scenario::load("partition").unwrap();
     s.nodes.speeds = vec![1.0; 4];
-    s.duration_s = 75.0;
+    // Pairwise averaging joins the two halves one exchange at a time; the
+    // last cross-half exchange depends on how rounds and digests interleave
+    // (about 72 s before the simulator cut rounds at the trainer's deadline,
+    // 86 s since), and from then on the replicas agree to ~1e-7.
+    s.duration_s = 100.0;
     s.target_loss = 0.0;
     for e in &mut s.events {
         e.at_s = if e.groups.is_empty() { 35.0 } else { 15.0 };

@@ -113,7 +113,10 @@ pub enum LocalMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum StalenessMeasure {
-    /// Ticks between base and publish, carried in the update: identical at every receiver.
+    /// Tick mode: outer rounds between the update's base tick and the
+    /// canonical batch that applies it (at least its publish tick): a late
+    /// arrival counts as stale, and replicas that apply it in the same batch
+    /// agree on its weight.
     Tick,
     /// Updates the sender applied between base and publish, carried in the update.
     Sender,

@@ -20,10 +20,27 @@ use crate::{
 };
 
 impl Engine {
-    /// Staleness of `a` as this replica measures it now.
-    fn staleness(&self, a: &UpdateAnnouncement) -> u64 {
+    /// The first batch key this replica has not closed yet: where a late
+    /// update of an already closed key is applied.
+    fn first_open_key(&self) -> u64 {
+        self.last_closed_key.map_or(0, |c| c + 1)
+    }
+
+    /// Staleness of `a` if applied in batch `applied_key` (default: the
+    /// first open batch, the earliest it can still be applied in).
+    ///
+    /// Tick measure: the outer rounds closed between the update's base and
+    /// the batch that applies it, `applied_key - base_tick`, and at least
+    /// `publish_tick - base_tick` for a round that overran its tick. Every
+    /// replica that applies the update in the same batch weighs it the
+    /// same; an update that missed its tick counts as late however it was
+    /// cut.
+    fn staleness(&self, a: &UpdateAnnouncement, applied_key: Option<u64>) -> u64 {
         match self.cfg.staleness.measure {
-            StalenessMeasure::Tick => a.publish_tick.saturating_sub(a.base_tick),
+            StalenessMeasure::Tick => {
+                let key = applied_key.unwrap_or_else(|| self.first_open_key());
+                key.max(a.publish_tick).saturating_sub(a.base_tick)
+            }
             StalenessMeasure::Sender => a.sender_staleness as u64,
             StalenessMeasure::Receiver => match &a.base {
                 Some(base) => self.version.staleness_since(base),
@@ -66,7 +83,7 @@ impl Engine {
         if self.pending_ids.contains(&a.id) {
             return false; // known: not awaited (checked above), so pending
         }
-        let tau = self.staleness(a);
+        let tau = self.staleness(a, None);
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, true);
             return false;
@@ -177,7 +194,7 @@ impl Engine {
             self.pending_ids.insert(a.id);
             self.pending.push(Pending { announcement: a, bytes });
         } else {
-            self.apply_one(&a, &bytes, None);
+            self.apply_one(&a, &bytes, None, None);
         }
     }
 
@@ -214,7 +231,7 @@ impl Engine {
         // or several at once. A late update (its key already closed here) is
         // folded into the next open key, so every replica closes the same
         // number of rounds whatever arrived late.
-        let first_open = self.last_closed_key.map_or(0, |c| c + 1);
+        let first_open = self.first_open_key();
         // Replicas that got a late update in time applied it in an earlier
         // outer round: a source of drift anti-entropy must repair.
         let mut keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement)).collect();
@@ -233,7 +250,7 @@ impl Engine {
             // membership differ (joins, silent crashes not yet timed out).
             let n = (end - start) as u32;
             for p in &batch[start..end] {
-                self.apply_one(&p.announcement, &p.bytes, Some(n));
+                self.apply_one(&p.announcement, &p.bytes, Some(n), Some(key));
             }
             self.close_outer_round(n);
             self.last_closed_key = Some(key);
@@ -250,12 +267,13 @@ impl Engine {
     }
 
     /// Applies one update; `group` is the size of its canonical batch group
-    /// (`None` on arrival: the live node count stands in for N).
-    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8], group: Option<u32>) {
+    /// and `key` that batch's key (`None` on arrival: the live node count
+    /// stands in for N).
+    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8], group: Option<u32>, key: Option<u64>) {
         if self.applied.contains(&a.id) {
             return;
         }
-        let tau = self.staleness(a);
+        let tau = self.staleness(a, key);
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
             return;

@@ -17,10 +17,14 @@ impl Sim<'_> {
     pub(super) fn act(&mut self, k: usize, out: Output) {
         let me = self.nodes[k].id;
         match out {
-            Output::StartLocalPhase(p) => {
+            Output::StartLocalPhase(mut p) => {
                 let n = &mut self.nodes[k];
                 let steps = if p.mode == ragtag_protocol::engine::LocalMode::Gradient { 1 } else { p.steps };
-                let duration = n.profile.phase_duration(self.now, steps, self.scenario.step_cost_s);
+                let deadline = p.deadline.map(|d| d.as_secs_f64());
+                let (steps, duration) = n.profile.phase_until(self.now, steps, self.scenario.step_cost_s, deadline);
+                if p.mode != ragtag_protocol::engine::LocalMode::Gradient {
+                    p.steps = steps;
+                }
                 n.phase_started(self.now);
                 // The math runs with the other phases of this instant.
                 let (node, incarnation, done_at) = (k, n.incarnation, self.now + duration);
