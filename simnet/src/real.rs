@@ -140,7 +140,7 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
     let bs_addr = bs.lines.recv_timeout(Duration::from_secs(30)).context("the bootstrap printed no address")?;
     let mut nodes = Vec::new();
     for (i, p) in profiles.iter().enumerate() {
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "run",
             "--manifest",
             manifest_path.to_str().unwrap_or_default(),
@@ -160,6 +160,9 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(file) = &scenario.data_file {
+            args.extend(["--data".to_string(), std::path::absolute(file)?.display().to_string()]);
+        }
         let offset = started.elapsed().as_secs_f64();
         nodes.push(launch(&prefix(i + 1), &ragtag, &args, &opts.out.join(format!("node{i}")), offset)?);
     }

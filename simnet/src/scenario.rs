@@ -167,6 +167,10 @@ pub struct Scenario {
     /// times 1/3, 1 and 3); the best is reported.
     #[serde(default)]
     pub ddp_lrs: Vec<f32>,
+    /// The data file of file-backed data (text, digits CSV, IDX); a relative
+    /// path is taken from the working directory.
+    #[serde(default)]
+    pub data_file: Option<std::path::PathBuf>,
 }
 
 /// Why a scenario is unusable.

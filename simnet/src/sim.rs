@@ -149,8 +149,14 @@ impl<'a> Sim<'a> {
         manifest.seed = seed;
         let run_id = manifest.run_id();
         let dataset = Arc::new(
-            Dataset::open(&manifest.data, &manifest.model, seed, None, manifest.training.eval_samples as usize)
-                .context("opening the scenario's data")?,
+            Dataset::open(
+                &manifest.data,
+                &manifest.model,
+                seed,
+                scenario.data_file.as_deref(),
+                manifest.training.eval_samples as usize,
+            )
+            .context("opening the scenario's data")?,
         );
         let trainer_cfg = |node_seed: u64, shard: Shard| TrainerConfig {
             model: manifest.model.clone(),
@@ -159,7 +165,7 @@ impl<'a> Sim<'a> {
             seed,
             node_seed,
             shard,
-            data_path: None,
+            data_path: scenario.data_file.clone(),
             device: DeviceChoice::Cpu,
             micro_batch: Some(manifest.training.batch_size as usize),
         };

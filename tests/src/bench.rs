@@ -6,8 +6,10 @@ pub mod ledger;
 pub mod machine;
 pub mod simulate;
 pub mod soak;
+pub mod teacher_digits;
 pub mod trainer;
 pub mod transfer;
+pub mod versus_ddp;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

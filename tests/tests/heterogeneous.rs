@@ -1,44 +1,60 @@
-//! A 4-node heterogeneous swarm (slowdowns 1, 1, 2, 4) reaches a target
-//! held-out loss with gopals; the same swarm with ddp is measured too. Only
-//! a generous ordering is asserted; the ratio is printed for the record.
+//! A 4-node heterogeneous swarm (slowdowns 1, 1, 2, 4) against a
+//! single-node control running beside it for the same time: the swarm must
+//! hold a clearly lower held-out loss than its fastest node alone. The same
+//! swarm with ddp is measured too; only a generous ordering is asserted
+//! there, and the ratio is printed for the record.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ragtag_tests::{Proc, node};
 
 const T: Duration = Duration::from_secs(150);
-const TARGET: &str = "1.36";
+/// How long the gopals swarm and the control train.
+const RUN_S: &str = "100";
+/// Where ddp and gopals are timed (a lone node reaches it too: a ratio, not proof).
+const TARGET: f64 = 1.36;
+/// The swarm's mean held-out loss over the second half must be this much
+/// below the control's. Measured 2026-12-02 on 2 cores: swarm 1.282, alone
+/// 1.332 (each evaluation of a lone node scatters by about 0.02, the mean of
+/// 25 by well under 0.01).
+const MARGIN: f64 = 0.02;
 
-/// Seconds until the first node reports a held-out loss at the target.
-fn time_to_target(nodes: &[Proc]) -> Option<f64> {
-    let target: f64 = TARGET.parse().unwrap();
-    let mut best: Option<f64> = None;
-    for n in nodes {
-        let end = std::time::Instant::now() + T;
-        while let Ok(line) = n.stdout.recv_timeout(end.saturating_duration_since(std::time::Instant::now())) {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            if v["event"] == "exit" {
-                break;
-            }
-            if v["eval_loss"].as_f64().is_some_and(|l| l <= target) {
-                let t = v["t"].as_f64().unwrap_or(f64::MAX);
-                best = Some(best.map_or(t, |b: f64| b.min(t)));
-                break;
-            }
+/// Every held-out evaluation `(t, loss)` a node prints until it exits.
+fn evaluations(n: &Proc) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let end = Instant::now() + T;
+    while let Ok(line) = n.stdout.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if v["event"] == "exit" {
+            break;
+        }
+        if v["event"] == "eval"
+            && let (Some(t), Some(l)) = (v["t"].as_f64(), v["eval_loss"].as_f64())
+        {
+            out.push((t, l));
         }
     }
-    best
+    out
 }
 
-fn swarm(dir: &std::path::Path, strategy: &str) -> Vec<Proc> {
-    let common = ["--strategy", strategy, "--target-loss", TARGET, "--duration", "100"];
-    let mut args: Vec<&str> = common.to_vec();
+/// Mean loss of the evaluations in the second half of the run.
+fn late_mean(evals: &[(f64, f64)]) -> f64 {
+    let half = evals.last().map_or(0.0, |e| e.0 / 2.0);
+    let late: Vec<f64> = evals.iter().filter(|e| e.0 >= half).map(|e| e.1).collect();
+    assert!(late.len() >= 5, "too few evaluations: {evals:?}");
+    late.iter().sum::<f64>() / late.len() as f64
+}
+
+fn swarm(dir: &std::path::Path, strategy: &str, extra: &[&str]) -> Vec<Proc> {
+    let mut common = vec!["--strategy", strategy, "--duration", RUN_S];
+    common.extend_from_slice(extra);
+    let mut args = common.clone();
     args.extend(["--slowdown", "1"]);
     let first = node(&dir.join("n0"), &args);
     let addr = first.listen_addr(T);
     let mut nodes = vec![first];
     for (i, slowdown) in ["1", "2", "4"].iter().enumerate() {
-        let mut args: Vec<&str> = common.to_vec();
+        let mut args = common.clone();
         args.extend(["--slowdown", slowdown, "--bootstrap", &addr]);
         nodes.push(node(&dir.join(format!("n{}", i + 1)), &args));
     }
@@ -46,20 +62,32 @@ fn swarm(dir: &std::path::Path, strategy: &str) -> Vec<Proc> {
 }
 
 #[test]
-fn gopals_and_ddp_on_a_heterogeneous_swarm() {
+fn a_heterogeneous_swarm_beats_its_fastest_node_alone_and_ddp() {
     let dir = tempfile::tempdir().unwrap();
-    let gopals = swarm(&dir.path().join("gopals"), "gopals");
-    let tg =
-        time_to_target(&gopals).unwrap_or_else(|| panic!("gopals did not reach {TARGET}:\n{}", gopals[0].stderr()));
+    let gopals = swarm(&dir.path().join("gopals"), "gopals", &[]);
+    // The control: the fastest node's hardware, alone, at the same time.
+    let alone = node(&dir.path().join("alone"), &["--duration", RUN_S, "--slowdown", "1"]);
+    let swarm_evals = evaluations(&gopals[0]);
+    let alone_evals = evaluations(&alone);
     drop(gopals);
-    let ddp = swarm(&dir.path().join("ddp"), "ddp");
-    let td = time_to_target(&ddp);
+    drop(alone);
+    let (s, a) = (late_mean(&swarm_evals), late_mean(&alone_evals));
+    eprintln!("held-out loss over the second half: swarm {s:.3}, fastest node alone {a:.3}");
+    assert!(s + MARGIN < a, "the swarm ({s:.3}) is not {MARGIN} below one node alone ({a:.3})");
+
+    let tg = swarm_evals
+        .iter()
+        .find(|e| e.1 <= TARGET)
+        .map(|e| e.0)
+        .unwrap_or_else(|| panic!("gopals never reached {TARGET}: {swarm_evals:?}"));
+    let ddp = swarm(&dir.path().join("ddp"), "ddp", &["--target-loss", &TARGET.to_string()]);
+    let td = evaluations(&ddp[0]).iter().find(|e| e.1 <= TARGET).map(|e| e.0);
     drop(ddp);
     match td {
         Some(td) => {
             eprintln!("time to held-out loss {TARGET}: gopals {tg:.1}s, ddp {td:.1}s, ratio {:.2}", tg / td);
             assert!(tg < 3.0 * td, "gopals {tg:.1}s is far behind ddp {td:.1}s");
         }
-        None => eprintln!("time to held-out loss {TARGET}: gopals {tg:.1}s, ddp did not reach it in 100 s"),
+        None => eprintln!("time to held-out loss {TARGET}: gopals {tg:.1}s, ddp did not reach it in {RUN_S} s"),
     }
 }

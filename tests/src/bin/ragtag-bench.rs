@@ -11,7 +11,7 @@ use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::Result;
 use ragtag_protocol::engine::Strategy;
-use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, trainer, transfer};
+use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, trainer, transfer, versus_ddp};
 
 #[global_allocator]
 static ALLOC: bench::CountingAllocator = bench::CountingAllocator;
@@ -155,6 +155,32 @@ fn main() -> Result<()> {
                 "## Simulator scale\n\nNot run: build target/release/ragtag-simnet first (`cargo build --release -p ragtag-simnet`).\n"
             );
         }
+    }
+    if wants("versus-ddp") {
+        // `--ragtag PATH`: the node binary (default: the release build).
+        let ragtag = args
+            .iter()
+            .position(|a| a == "--ragtag")
+            .and_then(|i| args.get(i + 1))
+            .map_or_else(|| repo.join("target/release/ragtag"), PathBuf::from);
+        let ragtag = std::fs::canonicalize(&ragtag).unwrap_or(ragtag);
+        // `--ddp-seconds N`: each run's budget.
+        let seconds = args
+            .iter()
+            .position(|a| a == "--ddp-seconds")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(if full { 300.0 } else { 180.0 });
+        let lrs: &[f64] = if full { &[3e-4, 1e-3, 3e-3] } else { &[1e-3] };
+        let f = versus_ddp::run(&repo, &ragtag, seconds, lrs, &out_dir.join("versus-ddp"))?;
+        section(
+            "Real swarm vs PyTorch DDP",
+            &format!(
+                "`ragtag-bench --only versus-ddp`: a generated teacher-labelled task in the digits CSV format (200,000 rows, every fifth held out, 2,000 of them evaluated), MLP 64-256-256-10. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new --data digits:FILE --model mlp` writes (hidden widths and eval_samples changed), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control; PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, batch 64 per rank, beta2 0.999, no weight decay or clipping) with one rank per node at the same floors. Times are wall seconds from launch (ragtag) or from the start of training (DDP, after its data load).",
+                versus_ddp::STEP_TIMES
+            ),
+            &f,
+            &mut md,
+        );
     }
     if only.is_none() {
         let _ = writeln!(md, "{}", include_str!("../bench/analysis.md"));
