@@ -95,14 +95,13 @@ const EVAL_CHUNK: usize = 256;
 impl Trainer {
     /// Opens the data and builds the trainer.
     pub fn new(cfg: TrainerConfig) -> Result<Self> {
-        let dataset = Arc::new(Dataset::open(
-            &cfg.data,
-            &cfg.model,
-            cfg.seed,
-            cfg.data_path.as_deref(),
-            cfg.training.eval_samples as usize,
-        )?);
+        let dataset = Arc::new(Self::open_dataset(&cfg)?);
         Self::with_dataset(cfg, dataset)
+    }
+
+    /// Opens the data `cfg` names, to share among trainers.
+    pub fn open_dataset(cfg: &TrainerConfig) -> Result<Dataset> {
+        Dataset::open(&cfg.data, &cfg.model, cfg.seed, cfg.data_path.as_deref(), cfg.training.eval_samples as usize)
     }
 
     /// Builds a trainer over an already opened dataset (the simulator

@@ -67,6 +67,9 @@ pub enum SwarmCommand {
         /// mlp, cnn or transformer (default: what the data needs).
         #[arg(long)]
         model: Option<String>,
+        /// The MLP's hidden widths, comma separated (default 64,64).
+        #[arg(long, value_delimiter = ',')]
+        hidden: Option<Vec<u32>>,
         /// teacher, markov, text:PATH, digits:PATH or idx:IMAGES,LABELS.
         #[arg(long, default_value = "teacher")]
         data: String,
@@ -82,11 +85,45 @@ pub enum SwarmCommand {
         /// Fixed tick period in ms (tick mode; default: H / v_ref).
         #[arg(long)]
         tick_ms: Option<u32>,
+        /// Inner learning rate: a number, or `auto` to probe 3e-4, 1e-3,
+        /// 3e-3 and 1e-2 on this machine (the same model, data and initial
+        /// weights, --probe-steps each) and keep the lowest held-out loss.
+        /// The evidence goes into the manifest's rationale.
+        #[arg(long, default_value = "auto", value_parser = parse_lr)]
+        lr: LrChoice,
+        /// Inner steps per candidate rate when --lr is auto (default: 2000
+        /// for MLPs and CNNs, 300 for the transformer).
+        #[arg(long)]
+        probe_steps: Option<u32>,
         /// Directory to write manifest.toml (and swarm.key) into.
         #[arg(long)]
         out: PathBuf,
     },
 }
+
+/// How `swarm new` sets the inner learning rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LrChoice {
+    /// Probe the candidates on this machine.
+    Auto,
+    /// This rate.
+    Fixed(f32),
+}
+
+fn parse_lr(s: &str) -> Result<LrChoice, CliValueError> {
+    if s == "auto" {
+        return Ok(LrChoice::Auto);
+    }
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1.0 => Ok(LrChoice::Fixed(v)),
+        _ => Err(CliValueError(format!("--lr {s:?}: use `auto` or a rate between 0 and 1, e.g. 0.001"))),
+    }
+}
+
+/// A command-line value that is out of range.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CliValueError(String);
 
 /// `ragtag ledger ...`
 #[derive(Subcommand, Debug)]

@@ -1,13 +1,13 @@
 //! `ragtag`: the volunteer node's command line.
 
-use std::{collections::BTreeSet, process::ExitCode, time::Duration};
+use std::{collections::BTreeSet, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use libp2p::{Multiaddr, PeerId};
-use ragtag_models::device::DeviceChoice;
+use ragtag_models::{TrainerConfig, data::Shard, device::DeviceChoice, lr_probe};
 use ragtag_node::{
-    cli::{self, Cli, Command, LedgerCommand, RunArgs, SwarmCommand},
+    cli::{self, Cli, Command, LedgerCommand, LrChoice, RunArgs, SwarmCommand},
     doctor, identity,
     ledger::{self, SledLedger},
     manifest_file, net,
@@ -15,7 +15,10 @@ use ragtag_node::{
     status, swarm_key,
     trainer_thread::Pace,
 };
-use ragtag_protocol::engine::{EngineOverrides, Strategy};
+use ragtag_protocol::{
+    engine::{EngineOverrides, Strategy},
+    manifest::ModelSpec,
+};
 
 /// candle asks for its thread count on every tensor operation and, unless
 /// `RAYON_NUM_THREADS` is set, reads /proc/cpuinfo each time. Set it once,
@@ -92,23 +95,58 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             eprintln!("identity written to {} (mode 0600)", out.display());
         }
         Command::Swarm {
-            command: SwarmCommand::New { name, private, model, data, strategy, seed, h, tick_ms, out },
+            command:
+                SwarmCommand::New { name, private, model, hidden, data, strategy, seed, h, tick_ms, lr, probe_steps, out },
         } => {
             let strategy = Strategy::parse(&strategy).with_context(|| format!("unknown strategy {strategy:?}"))?;
             let overrides = EngineOverrides { h, period_ms: tick_ms, ..EngineOverrides::default() };
             let start_ms = runtime::now().0 / 1000;
-            let m = manifest_file::new_run(&manifest_file::NewRun {
+            let mut m = manifest_file::new_run(&manifest_file::NewRun {
                 name,
                 private,
-                data,
+                data: data.clone(),
                 model,
+                hidden,
                 strategy,
                 overrides,
                 seed,
                 start_ms,
             })?;
+            match lr {
+                LrChoice::Fixed(v) => {
+                    m.training.lr = v;
+                    m.rationale.insert("lr".into(), format!("{v}: chosen by the run's creator"));
+                }
+                LrChoice::Auto => {
+                    let data_path = data.split_once(':').map(|(_, p)| PathBuf::from(p));
+                    let transformer = matches!(m.model, ModelSpec::CharTransformer { .. });
+                    let steps = probe_steps.unwrap_or(if transformer { 300 } else { 2_000 });
+                    let cfg = TrainerConfig {
+                        model: m.model.clone(),
+                        data: m.data.clone(),
+                        training: m.training,
+                        seed: m.seed,
+                        node_seed: m.seed,
+                        shard: Shard::ALL,
+                        data_path: data_path.filter(|p| !p.as_os_str().is_empty()),
+                        device: DeviceChoice::Cpu,
+                        micro_batch: None,
+                    };
+                    eprintln!("probing the inner learning rate: {steps} steps at each of {:?}", lr_probe::DEFAULT_GRID);
+                    // Training is blocking compute: off the runtime's workers.
+                    let p = tokio::task::spawn_blocking(move || lr_probe::probe(&cfg, &lr_probe::DEFAULT_GRID, steps))
+                        .await??;
+                    for t in &p.trials {
+                        eprintln!("  lr {:<7} held-out loss {:.4}", t.lr, t.loss);
+                    }
+                    m.training.lr = p.chosen;
+                    m.rationale.insert("lr".into(), p.evidence());
+                }
+            }
+            m.validate()?;
             std::fs::create_dir_all(&out)?;
             manifest_file::write(&m, &out.join("manifest.toml"))?;
+            println!("inner learning rate {}", m.training.lr);
             println!("run id {}", m.run_id());
             println!("manifest: {}", out.join("manifest.toml").display());
             if private {

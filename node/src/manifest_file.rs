@@ -1,6 +1,9 @@
 //! Run manifests on disk (TOML) and `ragtag swarm new`.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use ragtag_protocol::{
     engine::{EngineOverrides, Strategy},
@@ -51,6 +54,8 @@ pub struct NewRun {
     pub data: String,
     /// `mlp`, `cnn`, `transformer`, or empty for the data's default.
     pub model: Option<String>,
+    /// The MLP's hidden widths (default 64, 64).
+    pub hidden: Option<Vec<u32>>,
     /// The strategy.
     pub strategy: Strategy,
     /// Engine changes.
@@ -112,16 +117,56 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
             )));
         }
     };
-    let model = match r.model.as_deref() {
+    let mut model = match r.model.as_deref() {
         None | Some("") => default_model,
         Some(kind) => adapt_model(kind, &default_model)?,
     };
+    if let Some(widths) = &r.hidden {
+        let ModelSpec::Mlp { hidden, .. } = &mut model else {
+            return Err(ManifestFileError::Choice("--hidden sets the MLP's widths: use it with --model mlp".into()));
+        };
+        hidden.clone_from(widths);
+    }
     let mut training = TrainingSpec::default();
-    if matches!(model, ModelSpec::CharTransformer { .. }) {
+    let transformer = matches!(model, ModelSpec::CharTransformer { .. });
+    if transformer {
         training.batch_size = 16;
         training.lr = 1e-3;
         training.eval_samples = 256;
     }
+    let engine = r.overrides.apply(r.strategy);
+    let default_for = if transformer { "the default for the transformer" } else { "the default" };
+    let rationale = BTreeMap::from([
+        ("lr".to_string(), format!("{}: {default_for}, not probed on this data", training.lr)),
+        ("batch_size".to_string(), format!("{}: {default_for}", training.batch_size)),
+        (
+            "adamw".to_string(),
+            format!(
+                "betas ({}, {}), weight decay {}, clip {}: DESIGN's inner defaults",
+                training.beta1, training.beta2, training.weight_decay, training.clip
+            ),
+        ),
+        ("eval_samples".to_string(), format!("{}: {default_for}", training.eval_samples)),
+        (
+            "h".to_string(),
+            match r.overrides.h {
+                Some(h) => format!("{h}: chosen by the run's creator"),
+                None => format!("{}: the {} preset", engine.h, r.strategy.name()),
+            },
+        ),
+        (
+            "outer".to_string(),
+            format!(
+                "{:?} eta {} beta {}, warm-up {} rounds: the {} preset",
+                engine.outer.kind,
+                engine.outer.eta,
+                engine.outer.beta,
+                engine.outer.warmup_rounds,
+                r.strategy.name()
+            ),
+        ),
+        ("model".to_string(), "the data's default model, or the creator's --model and --hidden".to_string()),
+    ]);
     let m = Manifest {
         format: Manifest::FORMAT,
         name: r.name.clone(),
@@ -130,8 +175,9 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         model,
         data,
         training,
-        engine: r.overrides.apply(r.strategy),
+        engine,
         private: r.private,
+        rationale,
     };
     m.validate().map_err(|e| ManifestFileError::Choice(e.to_string()))?;
     Ok(m)
@@ -169,6 +215,7 @@ mod tests {
             private: false,
             data: data.into(),
             model: None,
+            hidden: None,
             strategy: Strategy::Gopals,
             overrides: EngineOverrides::default(),
             seed: 1,

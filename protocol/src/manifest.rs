@@ -2,6 +2,8 @@
 //! and hyperparameters. Its hash is the run id, so two nodes agree on every
 //! setting exactly when they agree on the run id.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -171,7 +173,17 @@ pub struct Manifest {
     pub engine: EngineConfig,
     /// A private swarm (pre-shared key); informational, the key is not here.
     pub private: bool,
+    /// Why each hyperparameter has its value (a default, a probe's evidence,
+    /// the creator's choice), by name: at most [`MAX_RATIONALE_ENTRIES`],
+    /// each at most [`MAX_RATIONALE_BYTES`].
+    #[serde(default)]
+    pub rationale: BTreeMap<String, String>,
 }
+
+/// Entries of a manifest's rationale.
+pub const MAX_RATIONALE_ENTRIES: usize = 64;
+/// Bytes of one rationale entry (name and text).
+pub const MAX_RATIONALE_BYTES: usize = 512;
 
 /// Why a manifest was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -221,6 +233,11 @@ impl Manifest {
             training: TrainingSpec { lr: 1e-3, target_loss: Some(1.35), ..TrainingSpec::default() },
             engine,
             private: false,
+            rationale: BTreeMap::from([
+                ("lr".into(), "1e-3: chosen for this built-in task by hand".into()),
+                ("tick".into(), "fixed 2 s: a tiny model runs thousands of steps a second".into()),
+                ("h".into(), "500 inner steps: a tick's worth at this model's speed".into()),
+            ]),
         }
     }
 
@@ -267,6 +284,11 @@ impl Manifest {
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
             return Err(ManifestError::Invalid(format!("lr {}", t.lr)));
+        }
+        if self.rationale.len() > MAX_RATIONALE_ENTRIES
+            || self.rationale.iter().any(|(k, v)| k.len() + v.len() > MAX_RATIONALE_BYTES)
+        {
+            return Err(ManifestError::Invalid("rationale too long".into()));
         }
         match &self.model {
             ModelSpec::Mlp { inputs, hidden, classes } => {

@@ -282,6 +282,10 @@ impl Scenario {
             training: TrainingSpec { target_loss: Some(self.target_loss), ..self.training },
             engine,
             private: false,
+            rationale: std::collections::BTreeMap::from([(
+                "all".to_string(),
+                format!("from the simulator scenario {:?}", self.name),
+            )]),
         }
     }
 }

@@ -110,6 +110,29 @@ impl Proc {
         }
     }
 
+    /// Reads output until `rounds` more round reports or the exit (within
+    /// `timeout`), keeping every held-out evaluation `(t, loss)` in
+    /// `evals`. Returns the exit report if it came.
+    pub fn follow(&self, rounds: usize, timeout: Duration, evals: &mut Vec<(f64, f64)>) -> Option<serde_json::Value> {
+        let end = Instant::now() + timeout;
+        let mut seen = 0;
+        while seen < rounds {
+            let line = self.stdout.recv_timeout(end.saturating_duration_since(Instant::now())).ok()?;
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            match v["event"].as_str() {
+                Some("round") => seen += 1,
+                Some("eval") => {
+                    if let (Some(t), Some(l)) = (v["t"].as_f64(), v["eval_loss"].as_f64()) {
+                        evals.push((t, l));
+                    }
+                }
+                Some("exit") => return Some(v),
+                _ => {}
+            }
+        }
+        None
+    }
+
     /// The node's round reports until it exits, and its exit report (eval
     /// and other events are skipped). Panics with stderr when there is no
     /// exit within `timeout`.
@@ -208,4 +231,14 @@ pub fn sketch_distance(a: &serde_json::Value, b: &serde_json::Value) -> f64 {
     let d: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt();
     let n: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
     d / n.max(1e-12)
+}
+
+/// Mean held-out loss of the evaluations `(t, loss)` in the second half of
+/// a run: one evaluation of the built-in task scatters by about 0.02, the
+/// mean of several much less, so swarms and controls compare on it.
+pub fn late_mean(evals: &[(f64, f64)]) -> f64 {
+    let half = evals.last().map_or(0.0, |e| e.0 / 2.0);
+    let late: Vec<f64> = evals.iter().filter(|e| e.0 >= half).map(|e| e.1).collect();
+    assert!(late.len() >= 3, "too few evaluations: {evals:?}");
+    late.iter().sum::<f64>() / late.len() as f64
 }

@@ -1,41 +1,47 @@
 //! Nodes leave cleanly, crash and join during a run; the swarm keeps
-//! training and ends at the target. (A target checked only at the end: the
-//! built-in task dips below easy targets within a few rounds, before any
-//! churn has happened.)
+//! training and ends clearly below a single-node control that trains alone
+//! beside it for the same rounds. (Judged over the second half of the run:
+//! the built-in task dips below easy targets within a few rounds, before any
+//! churn has happened, and one evaluation scatters by about 0.02.)
 
 use std::time::Duration;
 
-use ragtag_tests::node;
+use ragtag_tests::{late_mean, node};
 
 const T: Duration = Duration::from_secs(150);
-/// The built-in task's loss floor is 1.19; a lone node plateaus near 1.33.
-const TARGET: f64 = 1.40;
+const ROUNDS: &str = "24";
+/// The swarm's mean held-out loss over the second half must be this much
+/// below the control's (measured 2026-12-02 on 2 cores: see the note in the
+/// test's output).
+const MARGIN: f64 = 0.02;
 
 #[test]
-fn the_swarm_survives_churn() {
+fn the_swarm_survives_churn_and_beats_one_node() {
     let dir = tempfile::tempdir().unwrap();
-    let a = node(&dir.path().join("a"), &["--max-rounds", "24"]);
+    let a = node(&dir.path().join("a"), &["--max-rounds", ROUNDS]);
     let addr = a.listen_addr(T);
+    // The control: a's hardware alone, for the same rounds, at the same time.
+    let alone = node(&dir.path().join("alone"), &["--max-rounds", ROUNDS]);
     let peers = |n: &str, extra: &[&str]| {
         let mut args = vec!["--bootstrap", addr.as_str(), "--duration", "110"];
         args.extend_from_slice(extra);
         node(&dir.path().join(n), &args)
     };
+    let mut evals = Vec::new();
     let mut b = peers("b", &[]);
     let c = peers("c", &["--slowdown", "2"]);
-    for _ in 0..4 {
-        a.wait_json("round", T).unwrap_or_else(|| panic!("a stopped training:\n{}", a.stderr()));
-    }
+    assert!(a.follow(4, T, &mut evals).is_none(), "a stopped training:\n{}", a.stderr());
     c.signal(libc::SIGTERM); // clean leave
     let _d = peers("d", &[]);
-    for _ in 0..2 {
-        a.wait_json("round", T).unwrap_or_else(|| panic!("a stopped training:\n{}", a.stderr()));
-    }
+    assert!(a.follow(2, T, &mut evals).is_none(), "a stopped training:\n{}", a.stderr());
     b.kill9(); // crash
     let _e = peers("e", &["--slowdown", "2"]);
-    let exit = a.wait_json("exit", T).unwrap_or_else(|| panic!("a did not finish:\n{}", a.stderr()));
-    let loss = exit["outcome"]["eval_loss"].as_f64().unwrap_or(f64::MAX);
-    assert!(loss <= TARGET, "a ended at held-out loss {loss} (target {TARGET})");
+    let exit = a.follow(usize::MAX, T, &mut evals).unwrap_or_else(|| panic!("a did not finish:\n{}", a.stderr()));
     assert!(exit["outcome"]["rounds"].as_u64() == Some(24), "{}", exit["outcome"]["reason"]);
     assert!(a.stderr().contains("left the run"), "a should notice the departures:\n{}", a.stderr());
+    let mut alone_evals = Vec::new();
+    alone.follow(usize::MAX, T, &mut alone_evals).unwrap_or_else(|| panic!("the control did not finish"));
+    let (s, one) = (late_mean(&evals), late_mean(&alone_evals));
+    eprintln!("held-out loss over the second half: swarm under churn {s:.3}, one node alone {one:.3}");
+    assert!(s + MARGIN < one, "the swarm ({s:.3}) is not {MARGIN} below one node alone ({one:.3})");
 }

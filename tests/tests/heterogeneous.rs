@@ -4,9 +4,9 @@
 //! swarm with ddp is measured too; only a generous ordering is asserted
 //! there, and the ratio is printed for the record.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ragtag_tests::{Proc, node};
+use ragtag_tests::{Proc, late_mean, node};
 
 const T: Duration = Duration::from_secs(150);
 /// How long the gopals swarm and the control train.
@@ -22,27 +22,8 @@ const MARGIN: f64 = 0.02;
 /// Every held-out evaluation `(t, loss)` a node prints until it exits.
 fn evaluations(n: &Proc) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
-    let end = Instant::now() + T;
-    while let Ok(line) = n.stdout.recv_timeout(end.saturating_duration_since(Instant::now())) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-        if v["event"] == "exit" {
-            break;
-        }
-        if v["event"] == "eval"
-            && let (Some(t), Some(l)) = (v["t"].as_f64(), v["eval_loss"].as_f64())
-        {
-            out.push((t, l));
-        }
-    }
+    n.follow(usize::MAX, T, &mut out);
     out
-}
-
-/// Mean loss of the evaluations in the second half of the run.
-fn late_mean(evals: &[(f64, f64)]) -> f64 {
-    let half = evals.last().map_or(0.0, |e| e.0 / 2.0);
-    let late: Vec<f64> = evals.iter().filter(|e| e.0 >= half).map(|e| e.1).collect();
-    assert!(late.len() >= 5, "too few evaluations: {evals:?}");
-    late.iter().sum::<f64>() / late.len() as f64
 }
 
 fn swarm(dir: &std::path::Path, strategy: &str, extra: &[&str]) -> Vec<Proc> {

@@ -365,6 +365,27 @@ fn tick_mode_with_unbounded_grace_equals_the_synchronous_result() {
     assert_eq!(a2.engines[0].anchor(), b.engines[0].anchor(), "bit-identical");
 }
 
+/// An announcement of an f32 `payload` based on (and published in) `base_tick`.
+fn f32_announcement(run: RunId, id: UpdateId, base_tick: u64, payload: &[u8]) -> UpdateAnnouncement {
+    UpdateAnnouncement {
+        run_id: run,
+        id,
+        base_total: 0,
+        base: None,
+        base_tick,
+        publish_tick: base_tick,
+        sender_staleness: 0,
+        steps: 1,
+        samples: 1,
+        speed: 1.0,
+        loss: 0.0,
+        codec: CodecKind::F32,
+        num_values: (payload.len() / 4) as u64,
+        payload_len: payload.len() as u64,
+        payload_hash: Hash32::of(payload),
+    }
+}
+
 #[test]
 fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     let mut cfg = lossless(EngineConfig::preset(Strategy::GopalsAsync));
@@ -378,21 +399,8 @@ fn duplicates_are_ignored_and_stale_updates_dropped_with_reason() {
     let mut bytes = Vec::new();
     crate::codec::encode(CodecKind::F32, &[1.0, 1.0, 1.0, 1.0], &mut bytes);
     let ann = |round, stale| UpdateAnnouncement {
-        run_id: run,
-        id: UpdateId { src: k1, round },
-        base_total: 0,
-        base: None,
-        base_tick: 0,
-        publish_tick: 0,
         sender_staleness: stale,
-        steps: 1,
-        samples: 1,
-        speed: 1.0,
-        loss: 0.0,
-        codec: CodecKind::F32,
-        num_values: 4,
-        payload_len: bytes.len() as u64,
-        payload_hash: Hash32::of(&bytes),
+        ..f32_announcement(run, UpdateId { src: k1, round }, 0, &bytes)
     };
     e.handle(Micros(1), Input::Announcement { announcement: ann(0, 0), from: k1 });
     let fetches = std::iter::from_fn(|| e.poll_output()).filter(|o| matches!(o, Output::FetchPayload { .. })).count();
@@ -451,22 +459,9 @@ fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
         while e.poll_output().is_some() {}
         let mut bytes = Vec::new();
         crate::codec::encode(CodecKind::F32, &[0.1, 0.1, 0.1, 0.1], &mut bytes);
-        let ann = |src: u64, base_tick: u64| UpdateAnnouncement {
-            run_id: run,
-            id: UpdateId { src: Keypair::deterministic(6, src).node_id(), round: base_tick },
-            base_total: 0,
-            base: None,
-            base_tick,
-            publish_tick: base_tick,
-            sender_staleness: 0,
-            steps: 1,
-            samples: 1,
-            speed: 1.0,
-            loss: 0.0,
-            codec: CodecKind::F32,
-            num_values: 4,
-            payload_len: bytes.len() as u64,
-            payload_hash: Hash32::of(&bytes),
+        let ann = |src: u64, base_tick: u64| {
+            let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: base_tick };
+            f32_announcement(run, id, base_tick, &bytes)
         };
         let deliver = |e: &mut Engine, a: UpdateAnnouncement| {
             let from = a.id.src;

@@ -14,11 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ragtag_node::manifest_file::{self, NewRun};
-use ragtag_protocol::{
-    engine::{EngineOverrides, Strategy},
-    manifest::ModelSpec,
-};
+use ragtag_node::manifest_file;
 
 use super::{Figure, teacher_digits};
 use crate::Proc;
@@ -88,39 +84,36 @@ pub fn task(repo: &Path, target: f64) -> std::io::Result<Task> {
     Ok(Task { csv, floor, target })
 }
 
-fn manifest(task: &Task, dir: &Path) -> anyhow::Result<PathBuf> {
+/// The manifest a user gets from `ragtag swarm new --data digits:FILE
+/// --model mlp --hidden 256,256` (its learning-rate probe included), with
+/// only the held-out size changed. Returns its path and the chosen rate.
+pub fn manifest(ragtag: &Path, task: &Task, dir: &Path) -> anyhow::Result<(PathBuf, f32)> {
     std::fs::create_dir_all(dir)?;
-    let start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    let mut m = manifest_file::new_run(&NewRun {
-        name: "versus-ddp".into(),
-        private: false,
-        data: format!("digits:{}", task.csv.display()),
-        model: Some("mlp".into()),
-        strategy: Strategy::Gopals,
-        overrides: EngineOverrides::default(),
-        seed: 42,
-        start_ms,
-    })?;
-    // Only the widths and the held-out size change from what `swarm new` writes.
-    if let ModelSpec::Mlp { hidden, .. } = &mut m.model {
-        *hidden = vec![256, 256];
-    }
-    m.training.eval_samples = EVAL_SAMPLES;
+    let out = Command::new(ragtag)
+        .args(["swarm", "new", "--name", "versus-ddp", "--model", "mlp", "--hidden", "256,256", "--data"])
+        .arg(format!("digits:{}", task.csv.display()))
+        .arg("--out")
+        .arg(dir)
+        .stderr(Stdio::inherit())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "ragtag swarm new failed");
     let path = dir.join("manifest.toml");
+    let mut m = manifest_file::read(&path)?;
+    m.training.eval_samples = EVAL_SAMPLES;
     manifest_file::write(&m, &path)?;
-    Ok(path)
+    Ok((path, m.training.lr))
 }
 
 /// Runs `step_times.len()` ragtag nodes for `duration_s` and returns the
 /// held-out loss of the first node to evaluate, over time since launch.
 pub fn ragtag_swarm(
     ragtag: &Path,
+    manifest: &Path,
     task: &Task,
     step_times: &[f64],
     duration_s: f64,
     dir: &Path,
 ) -> anyhow::Result<Curve> {
-    let manifest = manifest(task, dir)?;
     let launched = Instant::now();
     let args = |i: usize, bootstrap: Option<&str>| {
         let mut a: Vec<String> = [
@@ -230,9 +223,10 @@ pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path)
     let task = task(repo, TARGET)?;
     let section = "versus-ddp";
     eprintln!("ragtag swarm, step times {STEP_TIMES:?} s, {duration_s} s");
-    let swarm = ragtag_swarm(ragtag, &task, &STEP_TIMES, duration_s, &out.join("swarm"))?;
+    let (manifest, lr_ragtag) = manifest(ragtag, &task, &out.join("run"))?;
+    let swarm = ragtag_swarm(ragtag, &manifest, &task, &STEP_TIMES, duration_s, &out.join("swarm"))?;
     eprintln!("ragtag single node, step time {} s", STEP_TIMES[0]);
-    let single = ragtag_swarm(ragtag, &task, &STEP_TIMES[..1], duration_s, &out.join("single"))?;
+    let single = ragtag_swarm(ragtag, &manifest, &task, &STEP_TIMES[..1], duration_s, &out.join("single"))?;
     let mut ddp: Option<(f64, Curve)> = None;
     for &lr in lrs {
         eprintln!("PyTorch DDP, lr {lr}");
@@ -256,7 +250,7 @@ pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path)
     let (lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
     let mut figures = Vec::new();
     let context = format!(
-        "target {} (floor {:.3}); DDP's best rate {lr} of {lrs:?}; {duration_s} s budget",
+        "target {} (floor {:.3}); ragtag's inner rate {lr_ragtag} (probed by swarm new); DDP's best rate {lr} of {lrs:?}; {duration_s} s budget",
         task.target, task.floor
     );
     match (swarm.time_to(task.target), ddp.time_to(task.target)) {
@@ -302,4 +296,4 @@ pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path)
 
 /// The held-out loss to reach: below what one node reaches in the budget
 /// (measured, see BENCHMARKS.md), above the task's floor.
-pub const TARGET: f64 = 0.55;
+pub const TARGET: f64 = 0.65;
