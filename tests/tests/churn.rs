@@ -11,8 +11,8 @@ use ragtag_tests::{late_mean, node};
 const T: Duration = Duration::from_secs(150);
 const ROUNDS: &str = "24";
 /// The swarm's mean held-out loss over the second half must be this much
-/// below the control's (measured 2026-12-02 on 2 cores: see the note in the
-/// test's output).
+/// below the control's. Measured 2026-12-02 on 2 cores in three runs: swarm
+/// 1.297, 1.294, 1.292; alone 1.335, 1.333, 1.334.
 const MARGIN: f64 = 0.02;
 
 #[test]

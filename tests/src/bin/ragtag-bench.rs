@@ -175,7 +175,7 @@ fn main() -> Result<()> {
         section(
             "Real swarm vs PyTorch DDP",
             &format!(
-                "`ragtag-bench --only versus-ddp`: a generated teacher-labelled task in the digits CSV format (200,000 rows, every fifth held out, 2,000 of them evaluated), MLP 64-256-256-10. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new --data digits:FILE --model mlp` writes (hidden widths and eval_samples changed), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control; PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, batch 64 per rank, beta2 0.999, no weight decay or clipping) with one rank per node at the same floors. Times are wall seconds from launch (ragtag) or from the start of training (DDP, after its data load).",
+                "`ragtag-bench --only versus-ddp`: a generated teacher-labelled task in the digits CSV format (200,000 rows, every fifth held out, 2,000 of them evaluated), MLP 64-256-256-10. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new --data digits:FILE --model mlp --hidden 256,256` writes (its learning-rate probe included; only eval_samples changed), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control; PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, batch 64 per rank, beta2 0.999, no weight decay or clipping) with one rank per node at the same floors. Times are wall seconds from launch (ragtag) or from the start of training (DDP, after its data load).",
                 versus_ddp::STEP_TIMES
             ),
             &f,
