@@ -54,6 +54,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// Training could not produce a usable model (every probed rate diverged).
+    #[error("training: {0}")]
+    Training(String),
 }
 
 /// The crate's result type.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ragtag_protocol::engine::{LocalMode, PullConfig};
 
-use crate::{Result, Trainer, TrainerConfig};
+use crate::{Error, Result, Trainer, TrainerConfig};
 
 /// The candidate rates `swarm new` tries.
 pub const DEFAULT_GRID: [f32; 4] = [3e-4, 1e-3, 3e-3, 1e-2];
@@ -49,7 +49,8 @@ impl LrProbe {
 }
 
 /// Trains `steps` inner steps at each rate of `grid` (on `cfg`'s model,
-/// data and seed) and picks the best. `grid` must not be empty.
+/// data and seed) and picks the best; an error when every rate diverged
+/// or `grid` is empty.
 pub fn probe(cfg: &TrainerConfig, grid: &[f32], steps: u32) -> Result<LrProbe> {
     let dataset = Arc::new(Trainer::open_dataset(cfg)?);
     let steps = steps.max(4);
@@ -68,14 +69,14 @@ pub fn probe(cfg: &TrainerConfig, grid: &[f32], steps: u32) -> Result<LrProbe> {
         let loss = 0.5 * (at_mid + at_end);
         trials.push(LrTrial { lr, loss: if loss.is_finite() { loss } else { f32::INFINITY } });
     }
-    let chosen = trials
-        .iter()
-        .fold(None::<LrTrial>, |best, t| match best {
-            Some(b) if b.loss <= t.loss => Some(b),
-            _ => Some(*t),
-        })
-        .map_or(cfg.training.lr, |b| b.lr);
-    Ok(LrProbe { steps, trials, chosen })
+    let best = trials.iter().copied().fold(None::<LrTrial>, |best, t| match best {
+        Some(b) if b.loss < t.loss || (b.loss == t.loss && b.lr <= t.lr) => Some(b),
+        _ => Some(t),
+    });
+    match best {
+        Some(b) if b.loss.is_finite() => Ok(LrProbe { steps, trials, chosen: b.lr }),
+        _ => Err(Error::Training(format!("no learning rate of {grid:?} trained without diverging"))),
+    }
 }
 
 #[cfg(test)]

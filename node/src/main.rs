@@ -16,7 +16,7 @@ use ragtag_node::{
     trainer_thread::Pace,
 };
 use ragtag_protocol::{
-    engine::{EngineOverrides, Strategy},
+    engine::{EngineOverrides, LocalMode, Strategy},
     manifest::ModelSpec,
 };
 
@@ -112,7 +112,12 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 seed,
                 start_ms,
             })?;
+            std::fs::create_dir_all(&out)?;
             match lr {
+                // ddp has no inner steps: its optimiser is the outer one.
+                _ if m.engine.local == LocalMode::Gradient => {
+                    m.rationale.insert("lr".into(), "unused: ddp steps with the outer optimiser".into());
+                }
                 LrChoice::Fixed(v) => {
                     m.training.lr = v;
                     m.rationale.insert("lr".into(), format!("{v}: chosen by the run's creator"));
@@ -135,7 +140,8 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     eprintln!("probing the inner learning rate: {steps} steps at each of {:?}", lr_probe::DEFAULT_GRID);
                     // Training is blocking compute: off the runtime's workers.
                     let p = tokio::task::spawn_blocking(move || lr_probe::probe(&cfg, &lr_probe::DEFAULT_GRID, steps))
-                        .await??;
+                        .await?
+                        .context("probing the inner learning rate")?;
                     for t in &p.trials {
                         eprintln!("  lr {:<7} held-out loss {:.4}", t.lr, t.loss);
                     }
@@ -144,7 +150,6 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 }
             }
             m.validate()?;
-            std::fs::create_dir_all(&out)?;
             manifest_file::write(&m, &out.join("manifest.toml"))?;
             println!("inner learning rate {}", m.training.lr);
             println!("run id {}", m.run_id());

@@ -67,6 +67,33 @@ fn swarm_new_writes_a_manifest_and_a_swarm_key() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown data"));
 }
 
+/// The learning rate: probed by default with its evidence in the
+/// manifest's rationale, or fixed by the creator; nonsense is refused.
+#[test]
+fn swarm_new_probes_or_takes_the_learning_rate_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = |extra: &[&str], out: &str| {
+        let mut args = vec!["swarm", "new", "--name", "t", "--hidden", "16", "--model", "mlp", "--out", out];
+        args.extend_from_slice(extra);
+        ragtag().args(&args).output().unwrap()
+    };
+    let probed = dir.path().join("probed");
+    let out = new(&["--probe-steps", "40"], probed.to_str().unwrap());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = std::fs::read_to_string(probed.join("manifest.toml")).unwrap();
+    assert!(m.contains("[rationale]") && m.contains("after 40 inner steps"), "{m}");
+    let hidden = m.split("hidden = [").nth(1).and_then(|r| r.split(']').next()).unwrap_or_default();
+    assert_eq!(hidden.split(',').filter_map(|w| w.trim().parse::<u32>().ok()).collect::<Vec<_>>(), vec![16]);
+    let fixed = dir.path().join("fixed");
+    let out = new(&["--lr", "0.0005"], fixed.to_str().unwrap());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = std::fs::read_to_string(fixed.join("manifest.toml")).unwrap();
+    assert!(m.contains("lr = 0.0005") && m.contains("chosen by the run's creator"), "{m}");
+    let bad = new(&["--lr", "fast"], dir.path().join("bad").to_str().unwrap());
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("use `auto` or a rate"));
+}
+
 #[test]
 fn ledger_commands_explain_a_missing_ledger() {
     let dir = tempfile::tempdir().unwrap();

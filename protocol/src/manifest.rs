@@ -208,8 +208,8 @@ pub enum ManifestError {
 }
 
 impl Manifest {
-    /// The current format version.
-    pub const FORMAT: u32 = 1;
+    /// The current format version (2: the rationale table).
+    pub const FORMAT: u32 = 2;
 
     /// The built-in default run: a small MLP on the synthetic teacher task,
     /// with `strategy`. Needs no files and trains in seconds on a CPU. Its
@@ -290,6 +290,11 @@ impl Manifest {
         {
             return Err(ManifestError::Invalid("rationale too long".into()));
         }
+        // Peers refuse larger manifests before decoding: a valid one must fit.
+        let len = self.canonical_bytes().len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge(len));
+        }
         match &self.model {
             ModelSpec::Mlp { inputs, hidden, classes } => {
                 if *inputs == 0 || *classes < 2 || hidden.contains(&0) || hidden.len() > 16 {
@@ -314,6 +319,20 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rationale_is_bounded_and_the_whole_manifest_fits_the_wire_limit() {
+        let mut m = Manifest::builtin(Strategy::Gopals);
+        m.validate().unwrap();
+        m.rationale.insert("lr".into(), "x".repeat(MAX_RATIONALE_BYTES));
+        assert!(matches!(m.validate(), Err(ManifestError::Invalid(_))));
+        let mut m = Manifest::builtin(Strategy::Gopals);
+        for i in 0..MAX_RATIONALE_ENTRIES - m.rationale.len() {
+            m.rationale.insert(format!("k{i}"), "y".repeat(MAX_RATIONALE_BYTES - 8));
+        }
+        // Within the per-entry bounds, but over the wire limit as a whole.
+        assert!(matches!(m.validate(), Err(ManifestError::TooLarge(_))));
+    }
 
     #[test]
     fn run_id_is_stable_and_sensitive() {

@@ -157,7 +157,9 @@ fn a_healed_partition_settles_under_the_anti_entropy_bound() {
 /// fastest node, training alone for the same virtual time, ever reaches; for
 /// every seed. The target comes from the control run itself, because the
 /// lone node's plateau differs between seeds (each seed draws its own
-/// teacher: 1.36, 1.36 and 1.27 here).
+/// teacher: 1.36, 1.36 and 1.27 here). The swarm's loss is the mean
+/// replica's; in tick mode the replicas are bit-identical here (consensus
+/// distance 0 at every sample), so it is every node's model.
 #[test]
 fn a_swarm_reaches_a_target_its_fastest_node_alone_misses() {
     let mut swarm = Scenario::load("hetero-4x").unwrap();

@@ -26,6 +26,17 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// How [`Proc::follow`] ended.
+#[derive(Debug)]
+pub enum Followed {
+    /// The rounds asked for were reported.
+    Rounds,
+    /// The node exited, with this exit report.
+    Exited(serde_json::Value),
+    /// Neither within the timeout.
+    TimedOut,
+}
+
 /// A running process with its output collected.
 #[derive(Debug)]
 pub struct Proc {
@@ -110,14 +121,15 @@ impl Proc {
         }
     }
 
-    /// Reads output until `rounds` more round reports or the exit (within
-    /// `timeout`), keeping every held-out evaluation `(t, loss)` in
-    /// `evals`. Returns the exit report if it came.
-    pub fn follow(&self, rounds: usize, timeout: Duration, evals: &mut Vec<(f64, f64)>) -> Option<serde_json::Value> {
+    /// Reads output until `rounds` more round reports, the exit, or
+    /// `timeout`, keeping every held-out evaluation `(t, loss)` in `evals`.
+    pub fn follow(&self, rounds: usize, timeout: Duration, evals: &mut Vec<(f64, f64)>) -> Followed {
         let end = Instant::now() + timeout;
         let mut seen = 0;
         while seen < rounds {
-            let line = self.stdout.recv_timeout(end.saturating_duration_since(Instant::now())).ok()?;
+            let Ok(line) = self.stdout.recv_timeout(end.saturating_duration_since(Instant::now())) else {
+                return Followed::TimedOut;
+            };
             let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
             match v["event"].as_str() {
                 Some("round") => seen += 1,
@@ -126,11 +138,11 @@ impl Proc {
                         evals.push((t, l));
                     }
                 }
-                Some("exit") => return Some(v),
+                Some("exit") => return Followed::Exited(v),
                 _ => {}
             }
         }
-        None
+        Followed::Rounds
     }
 
     /// The node's round reports until it exits, and its exit report (eval

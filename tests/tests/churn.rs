@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ragtag_tests::{late_mean, node};
+use ragtag_tests::{Followed, late_mean, node};
 
 const T: Duration = Duration::from_secs(150);
 const ROUNDS: &str = "24";
@@ -30,17 +30,20 @@ fn the_swarm_survives_churn_and_beats_one_node() {
     let mut evals = Vec::new();
     let mut b = peers("b", &[]);
     let c = peers("c", &["--slowdown", "2"]);
-    assert!(a.follow(4, T, &mut evals).is_none(), "a stopped training:\n{}", a.stderr());
+    assert!(matches!(a.follow(4, T, &mut evals), Followed::Rounds), "a stopped training:\n{}", a.stderr());
     c.signal(libc::SIGTERM); // clean leave
     let _d = peers("d", &[]);
-    assert!(a.follow(2, T, &mut evals).is_none(), "a stopped training:\n{}", a.stderr());
+    assert!(matches!(a.follow(2, T, &mut evals), Followed::Rounds), "a stopped training:\n{}", a.stderr());
     b.kill9(); // crash
     let _e = peers("e", &["--slowdown", "2"]);
-    let exit = a.follow(usize::MAX, T, &mut evals).unwrap_or_else(|| panic!("a did not finish:\n{}", a.stderr()));
+    let Followed::Exited(exit) = a.follow(usize::MAX, T, &mut evals) else {
+        panic!("a did not finish:\n{}", a.stderr())
+    };
     assert!(exit["outcome"]["rounds"].as_u64() == Some(24), "{}", exit["outcome"]["reason"]);
     assert!(a.stderr().contains("left the run"), "a should notice the departures:\n{}", a.stderr());
     let mut alone_evals = Vec::new();
-    alone.follow(usize::MAX, T, &mut alone_evals).unwrap_or_else(|| panic!("the control did not finish"));
+    let ended = alone.follow(usize::MAX, T, &mut alone_evals);
+    assert!(matches!(ended, Followed::Exited(_)), "the control did not finish:\n{}", alone.stderr());
     let (s, one) = (late_mean(&evals), late_mean(&alone_evals));
     eprintln!("held-out loss over the second half: swarm under churn {s:.3}, one node alone {one:.3}");
     assert!(s + MARGIN < one, "the swarm ({s:.3}) is not {MARGIN} below one node alone ({one:.3})");

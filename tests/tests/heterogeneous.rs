@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ragtag_tests::{Proc, late_mean, node};
+use ragtag_tests::{Followed, Proc, late_mean, node};
 
 const T: Duration = Duration::from_secs(150);
 /// How long the gopals swarm and the control train.
@@ -22,7 +22,8 @@ const MARGIN: f64 = 0.02;
 /// Every held-out evaluation `(t, loss)` a node prints until it exits.
 fn evaluations(n: &Proc) -> Vec<(f64, f64)> {
     let mut out = Vec::new();
-    n.follow(usize::MAX, T, &mut out);
+    let ended = n.follow(usize::MAX, T, &mut out);
+    assert!(matches!(ended, Followed::Exited(_)), "no exit within {T:?}:\n{}", n.stderr());
     out
 }
 

@@ -29,8 +29,8 @@ impl Engine {
     /// Staleness of `a` if applied in batch `applied_key` (default: the
     /// first open batch, the earliest it can still be applied in).
     ///
-    /// Tick measure: the outer rounds closed between the update's base and
-    /// the batch that applies it, `applied_key - base_tick`, and at least
+    /// Tick measure: the ticks between the update's base and the batch that
+    /// applies it, `applied_key - base_tick`, and at least
     /// `publish_tick - base_tick` for a round that overran its tick. Every
     /// replica that applies the update in the same batch weighs it the
     /// same; an update that missed its tick counts as late however it was
@@ -38,7 +38,12 @@ impl Engine {
     fn staleness(&self, a: &UpdateAnnouncement, applied_key: Option<u64>) -> u64 {
         match self.cfg.staleness.measure {
             StalenessMeasure::Tick => {
-                let key = applied_key.unwrap_or_else(|| self.first_open_key());
+                // Batch keys are ticks only in tick mode; elsewhere they are
+                // rounds, and the update's own ticks are all there is.
+                let key = match self.cfg.schedule {
+                    Schedule::Tick { .. } => applied_key.unwrap_or_else(|| self.first_open_key()),
+                    _ => 0,
+                };
                 key.max(a.publish_tick).saturating_sub(a.base_tick)
             }
             StalenessMeasure::Sender => a.sender_staleness as u64,
@@ -234,13 +239,31 @@ impl Engine {
         let first_open = self.first_open_key();
         // Replicas that got a late update in time applied it in an earlier
         // outer round: a source of drift anti-entropy must repair.
-        let mut keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement)).collect();
-        for (p, key) in batch.iter().zip(keys.iter_mut()) {
-            if *key < first_open {
-                self.event(EngineEvent::LateUpdate { id: p.announcement.id, key: *key, applied_in: first_open });
-                *key = first_open;
+        let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
+        let mut kept = Vec::with_capacity(batch.len());
+        let mut kept_keys = Vec::with_capacity(batch.len());
+        for (p, key) in batch.into_iter().zip(keys) {
+            let a = &p.announcement;
+            if upto.is_some_and(|u| key >= u) {
+                // Late, and the open batch it would join is not due yet:
+                // closing it now would put this replica a tick ahead.
+                self.pending_ids.insert(a.id);
+                self.pending.push(p);
+                continue;
             }
+            // Dropped before the group is counted, so N is what is applied.
+            if self.staleness(a, Some(key)) > self.cfg.staleness.tau_max as u64 {
+                self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
+                continue;
+            }
+            let original = self.batch_key(a);
+            if original < key {
+                self.event(EngineEvent::LateUpdate { id: a.id, key: original, applied_in: key });
+            }
+            kept.push(p);
+            kept_keys.push(key);
         }
+        let (batch, keys) = (kept, kept_keys);
         let mut start = 0;
         while start < batch.len() {
             let key = keys[start];

@@ -500,6 +500,21 @@ fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
         e.apply_pending(None);
         assert_eq!(e.stats().dropped.get(&RejectReason::TooStale), Some(&1));
         assert_eq!(e.anchor(), &before[..], "a dropped update never touches the anchor");
+        // A late update (tick 3) whose open batch (6) is not due yet waits
+        // for it instead of closing it early, and joins it when it closes.
+        deliver(&mut e, ann(4, 3));
+        e.apply_pending(Some(6));
+        assert!(!e.has_applied(&UpdateId { src: Keypair::deterministic(6, 4).node_id(), round: 3 }));
+        while e.poll_output().is_some() {}
+        deliver(&mut e, ann(1, 6));
+        e.apply_pending(Some(7));
+        let applied: Vec<(u64, usize)> = std::iter::from_fn(|| e.poll_output())
+            .filter_map(|o| match o {
+                Output::Event(EngineEvent::Applied { staleness, nodes, .. }) => Some((staleness, nodes)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(applied, vec![(3, 2), (0, 2)], "one batch of two: the late update (tau 3), then tick 6's");
         w
     };
     let poly = applied_weight(StalenessWeight::Polynomial { a: 0.5 });

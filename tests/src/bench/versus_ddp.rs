@@ -45,10 +45,23 @@ pub struct Curve {
     pub points: Vec<(f64, f64, u64)>,
 }
 
+/// Evaluations averaged for a curve's loss: one evaluation scatters, and
+/// the system that evaluates more often would otherwise get more draws.
+const SMOOTH: usize = 3;
+
 impl Curve {
-    /// First time at or below `target`.
+    /// The mean of each evaluation and the `SMOOTH - 1` before it.
+    fn smoothed(&self) -> impl Iterator<Item = (f64, f64, u64)> + '_ {
+        self.points.windows(SMOOTH).map(|w| {
+            let last = w[SMOOTH - 1];
+            (last.0, w.iter().map(|p| p.1).sum::<f64>() / SMOOTH as f64, last.2)
+        })
+    }
+
+    /// First time the smoothed loss is at or below `target`, and the
+    /// samples processed by then.
     pub fn time_to(&self, target: f64) -> Option<(f64, u64)> {
-        self.points.iter().find(|p| p.1 <= target).map(|p| (p.0, p.2))
+        self.smoothed().find(|p| p.1 <= target).map(|p| (p.0, p.2))
     }
 
     /// Writes `t,eval_loss,samples` lines (for plots and for choosing targets).
@@ -63,9 +76,9 @@ impl Curve {
         std::fs::write(path, text)
     }
 
-    /// Lowest loss seen.
+    /// Lowest smoothed loss.
     pub fn best(&self) -> Option<f64> {
-        self.points.iter().map(|p| p.1).reduce(f64::min)
+        self.smoothed().map(|p| p.1).reduce(f64::min)
     }
 }
 
@@ -100,12 +113,14 @@ pub fn manifest(ragtag: &Path, task: &Task, dir: &Path) -> anyhow::Result<(PathB
     let path = dir.join("manifest.toml");
     let mut m = manifest_file::read(&path)?;
     m.training.eval_samples = EVAL_SAMPLES;
+    m.rationale.insert("eval_samples".into(), format!("{EVAL_SAMPLES}: the benchmark's held-out size"));
     manifest_file::write(&m, &path)?;
     Ok((path, m.training.lr))
 }
 
-/// Runs `step_times.len()` ragtag nodes for `duration_s` and returns the
-/// held-out loss of the first node to evaluate, over time since launch.
+/// Runs `step_times.len()` ragtag nodes for `duration_s` and returns node
+/// 0's held-out loss over time since launch, with the samples all nodes
+/// had processed by each evaluation.
 pub fn ragtag_swarm(
     ragtag: &Path,
     manifest: &Path,
@@ -156,7 +171,8 @@ pub fn ragtag_swarm(
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
                 match v["event"].as_str() {
                     Some("round") => samples[i] = v["samples"].as_u64().unwrap_or(samples[i]),
-                    Some("eval") => {
+                    // One replica's model, as DDP's rank 0: node 0's.
+                    Some("eval") if i == 0 => {
                         if let (Some(t), Some(l)) = (v["t"].as_f64(), v["eval_loss"].as_f64()) {
                             curve.points.push((offset + t, l, samples.iter().sum()));
                         }
@@ -203,6 +219,8 @@ pub fn pytorch_ddp(repo: &Path, task: &Task, step_times: &[f64], lr: f64, durati
         .args(["--hidden", "256,256", "--slowdowns", &joined(&vec![1.0; step_times.len()])])
         .args(["--step-times", &joined(step_times), "--lr", &lr.to_string()])
         .args(["--eval-samples", &EVAL_SAMPLES.to_string(), "--duration", &duration_s.to_string()])
+        // About as often as a ragtag node evaluates (every round, ~0.5 s here).
+        .args(["--eval-every", "0.5"])
         .args(["--target", &task.target.to_string()])
         .stderr(Stdio::inherit())
         .output()?;
