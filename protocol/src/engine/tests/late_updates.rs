@@ -1,0 +1,82 @@
+//! Tick mode's late updates: which batch applies them, the staleness they
+//! count and the weight they get.
+
+use super::*;
+
+/// Tick mode: an update that arrives after its tick's batch closed is
+/// applied in the first open batch and weighted by the ticks it missed, the
+/// same way at every replica; beyond `tau_max` it is dropped with a reason.
+#[test]
+fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
+    let applied_weight = |weight: StalenessWeight| {
+        let mut cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+        cfg.staleness.weight = weight;
+        let run = RunId(Hash32([9; 32]));
+        let me = Keypair::deterministic(6, 0).node_id();
+        let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
+        e.handle(Micros(0), Input::Start);
+        while e.poll_output().is_some() {}
+        let mut bytes = Vec::new();
+        crate::codec::encode(CodecKind::F32, &[0.1, 0.1, 0.1, 0.1], &mut bytes);
+        let ann = |src: u64, base_tick: u64| {
+            let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: base_tick };
+            f32_announcement(run, id, base_tick, &bytes)
+        };
+        let deliver = |e: &mut Engine, a: UpdateAnnouncement| {
+            let from = a.id.src;
+            e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes.clone()) });
+        };
+        // Tick 0's batch closes with one update in it...
+        deliver(&mut e, ann(1, 0));
+        e.apply_pending(Some(1));
+        while e.poll_output().is_some() {}
+        // ...then another update of tick 0 arrives: applied in batch 1.
+        deliver(&mut e, ann(2, 0));
+        e.apply_pending(Some(2));
+        let outs: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
+        let (staleness, w) = outs
+            .iter()
+            .find_map(|o| match o {
+                Output::Event(EngineEvent::Applied { staleness, weight, .. }) => Some((*staleness, *weight)),
+                _ => None,
+            })
+            .expect("the late update is applied");
+        assert_eq!(staleness, 1);
+        let receipt = outs.iter().find_map(|o| match o {
+            Output::Record(RecordKind::Receipt {
+                outcome: crate::ledger::ReceiptOutcome::Accepted { staleness, weight },
+                ..
+            }) => Some((*staleness, *weight)),
+            _ => None,
+        });
+        assert_eq!(receipt, Some((1, w)), "the receipt records what was applied");
+        // Close batches up to tick 5; an update of tick 0 is now 6 ticks late.
+        deliver(&mut e, ann(1, 5));
+        e.apply_pending(Some(6));
+        while e.poll_output().is_some() {}
+        let before = e.anchor().to_vec();
+        deliver(&mut e, ann(3, 0));
+        e.apply_pending(None);
+        assert_eq!(e.stats().dropped.get(&RejectReason::TooStale), Some(&1));
+        assert_eq!(e.anchor(), &before[..], "a dropped update never touches the anchor");
+        // A late update (tick 3) whose open batch (6) is not due yet waits
+        // for it instead of closing it early, and joins it when it closes.
+        deliver(&mut e, ann(4, 3));
+        e.apply_pending(Some(6));
+        assert!(!e.has_applied(&UpdateId { src: Keypair::deterministic(6, 4).node_id(), round: 3 }));
+        while e.poll_output().is_some() {}
+        deliver(&mut e, ann(1, 6));
+        e.apply_pending(Some(7));
+        let applied: Vec<(u64, usize)> = std::iter::from_fn(|| e.poll_output())
+            .filter_map(|o| match o {
+                Output::Event(EngineEvent::Applied { staleness, nodes, .. }) => Some((staleness, nodes)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(applied, vec![(3, 2), (0, 2)], "one batch of two: the late update (tau 3), then tick 6's");
+        w
+    };
+    let poly = applied_weight(StalenessWeight::Polynomial { a: 0.5 });
+    assert!((poly - 0.5f32.sqrt()).abs() < 1e-6, "(1 + 1)^-0.5, got {poly}");
+    assert_eq!(applied_weight(StalenessWeight::None), 1.0);
+}
