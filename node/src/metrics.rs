@@ -67,6 +67,8 @@ pub struct NodeMetrics {
     pub ledger_records: Counter,
     /// Anchor averages by anti-entropy.
     pub anchors_averaged: Counter,
+    /// Peers' replica states not used (anti-entropy or a join), by reason.
+    pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
     /// Dials that failed (a peer gone, or unreachable).
@@ -97,6 +99,7 @@ impl NodeMetrics {
             bytes_in: Family::default(),
             ledger_records: Counter::default(),
             anchors_averaged: Counter::default(),
+            state_refused: Family::default(),
             late_updates: Counter::default(),
             dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
@@ -120,6 +123,11 @@ impl NodeMetrics {
         r.register("message_bytes_in", "Bytes of messages received, by kind", m.bytes_in.clone());
         r.register("ledger_records", "Ledger records written", m.ledger_records.clone());
         r.register("anchors_averaged", "Anchor averages by anti-entropy", m.anchors_averaged.clone());
+        r.register(
+            "state_refused",
+            "Peers' replica states not used (anti-entropy or a join), by reason",
+            m.state_refused.clone(),
+        );
         r.register(
             "late_updates",
             "Updates applied one batch later than on replicas that had them in time",

@@ -257,6 +257,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         seed,
         peers,
         net: &net,
+        refused: &metrics.state_refused,
     })
     .await?;
     if origin == startup::Origin::Resumed {

@@ -23,6 +23,7 @@ mod round;
 pub mod snapshot;
 pub mod staleness;
 pub mod tick;
+pub mod trust;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -195,6 +196,18 @@ pub struct Engine {
     /// Anti-entropy runs every round while replicas are known or suspected
     /// to differ, at its configured period otherwise.
     repairing: bool,
+    /// How far our anchor moves per round: the scale a peer's anchor is
+    /// judged by.
+    movement: trust::Movement,
+    /// Our round in which we last averaged with a peer (once per round).
+    last_average_round: Option<u64>,
+    /// An average moved our anchor since the last round started, so that
+    /// movement is not the swarm's alone and is not recorded.
+    averaged_this_round: bool,
+    /// A far anchor waiting for a second peer to vouch for it.
+    far_candidate: Option<anti_entropy::FarCandidate>,
+    /// The anchor our last round started from.
+    last_base: Option<Arc<Vec<f32>>>,
     /// The last tick in which a starved speed estimate was probed.
     last_probe_tick: Option<u64>,
     // Timers and outputs.
@@ -255,6 +268,11 @@ impl Engine {
             last_tick_counts: BTreeMap::new(),
             anchor_fetch: None,
             repairing: false,
+            movement: trust::Movement::default(),
+            last_average_round: None,
+            averaged_this_round: false,
+            last_base: None,
+            far_candidate: None,
             last_probe_tick: None,
             wake_at: None,
             startup_until: None,

@@ -130,6 +130,9 @@ pub struct Tally {
     pub dropped: BTreeMap<String, u64>,
     /// Anchor averages by anti-entropy.
     pub anchors_averaged: u64,
+    /// Peers' anchors not used, by reason.
+    #[serde(default)]
+    pub anchors_refused: BTreeMap<String, u64>,
     /// Fetches abandoned.
     pub fetches_abandoned: u64,
 }

@@ -78,6 +78,9 @@ pub struct RunSummary {
     pub dropped: BTreeMap<String, u64>,
     /// Anchor averages by anti-entropy.
     pub anchors_averaged: u64,
+    /// Peers' anchors not used, by reason.
+    #[serde(default)]
+    pub anchors_refused: BTreeMap<String, u64>,
     /// Messages lost in the network.
     pub messages_lost: u64,
     /// Compute available over the run (speed-seconds, straggler episodes removed).
@@ -154,6 +157,7 @@ impl RunSummary {
             consensus_distance_max: out.series.iter().map(|s| s.consensus_max).fold(0.0, f32::max),
             dropped: out.tally.dropped.clone(),
             anchors_averaged: out.tally.anchors_averaged,
+            anchors_refused: out.tally.anchors_refused.clone(),
             messages_lost: out.messages_lost,
             aggregate_work: out.aggregate_work,
             events: out.events,

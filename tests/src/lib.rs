@@ -254,3 +254,15 @@ pub fn late_mean(evals: &[(f64, f64)]) -> f64 {
     assert!(late.len() >= 3, "too few evaluations: {evals:?}");
     late.iter().sum::<f64>() / late.len() as f64
 }
+
+/// A TCP port free on loopback right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
+}
+
+/// `ragtag status --json` of the node serving metrics on `metrics`.
+pub fn status_json(metrics: &str) -> serde_json::Value {
+    let out =
+        Command::new(bin("ragtag")).args(["status", "--metrics", metrics, "--json"]).output().expect("ragtag status");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("status: {}", String::from_utf8_lossy(&out.stderr)))
+}

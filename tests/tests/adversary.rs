@@ -15,13 +15,9 @@ use ragtag_protocol::{
     manifest::Manifest,
     wire::{Message, MessageKind, UpdateAnnouncement, WIRE_VERSION},
 };
-use ragtag_tests::node;
+use ragtag_tests::{free_port, node};
 
 const T: Duration = Duration::from_secs(120);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// An update of the attacker's own, validly signed, with these values.
 fn own_update(key: &Keypair, template: &UpdateAnnouncement, round: u64, codec: CodecKind, values: &[f32]) -> Message {
@@ -154,12 +150,7 @@ fn every_bad_input_is_rejected_with_its_reason() {
     });
 
     // The honest node saw each attack and says why it refused it.
-    let status = std::process::Command::new(ragtag_tests::bin("ragtag"))
-        .args(["status", "--metrics", &metrics, "--json"])
-        .output()
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&status.stdout)
-        .unwrap_or_else(|_| panic!("status: {}", String::from_utf8_lossy(&status.stderr)));
+    let status = ragtag_tests::status_json(&metrics);
     for (reason, _) in &attackers {
         let n = status["rejected"][reason.as_str()].as_u64().unwrap_or(0);
         assert!(n >= 1, "a did not reject with {reason}: {}", status["rejected"]);

@@ -4,14 +4,14 @@ use std::sync::Arc;
 
 use ragtag_protocol::{
     Signed,
-    engine::{EngineEvent, Output},
+    engine::{EngineEvent, Output, trust::StateRefusal},
     ids::Hash32,
     ledger::RecordKind,
     wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message},
 };
 
 use super::{Internal, Node, fetch};
-use crate::{payload_store::StoredUpdate, trainer_thread::TrainerCommand};
+use crate::{metrics::ReasonLabel, payload_store::StoredUpdate, trainer_thread::TrainerCommand};
 
 impl Node {
     /// Handles every pending engine output, then writes (and announces)
@@ -127,6 +127,14 @@ impl Node {
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();
                 tracing::debug!("{id} arrived after batch {key} closed: applied in batch {applied_in}");
+            }
+            EngineEvent::AnchorRefused { peer, reason } => {
+                self.metrics.state_refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
+                *self.rejected.entry(format!("state_{}", reason.name())).or_insert(0) += 1;
+                match reason {
+                    StateRefusal::TooFar { .. } => tracing::warn!("{peer:?}'s replica state refused: {reason}"),
+                    _ => tracing::info!("{peer:?}'s replica state not used: {reason}"),
+                }
             }
             EngineEvent::AnchorAverageSkipped { peer } => {
                 tracing::debug!("{peer:?}'s anchor arrived after the sets moved on: not averaged");

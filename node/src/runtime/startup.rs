@@ -4,19 +4,30 @@
 use std::{
     fs::File,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use libp2p::PeerId;
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use ragtag_protocol::{
     Keypair,
-    engine::{Engine, Strategy},
+    engine::{Engine, ReplicaState, Strategy, trust},
     ids::RunId,
     manifest::Manifest,
     time::Micros,
 };
 
-use crate::{checkpoint, manifest_file, net::Client, runtime::fetch};
+use crate::{checkpoint, manifest_file, metrics::ReasonLabel, net::Client, runtime::fetch};
+
+/// Most peers a joiner takes the replica state from, to check them against
+/// each other.
+const MAX_STATE_SOURCES: usize = 4;
+/// Times a joiner asks again when the states served disagree (honest
+/// replicas a batch apart disagree for a moment, then are identical).
+const STATE_ATTEMPTS: usize = 3;
+/// Pause between those attempts.
+const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
 /// An exclusively locked state directory (released when dropped).
 #[derive(Debug)]
@@ -115,6 +126,8 @@ pub struct EngineSetup<'a> {
     pub peers: Vec<PeerId>,
     /// The network.
     pub net: &'a Client,
+    /// Where refused states are counted, by reason.
+    pub refused: &'a Family<ReasonLabel, Counter>,
 }
 
 /// Resumes from our checkpoint, else joins from a peer, else starts fresh.
@@ -131,22 +144,81 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin)> {
             .map_err(|e| anyhow::anyhow!("our checkpoint does not fit the manifest: {e}"))?;
         return Ok((Engine::resume(s.manifest.engine, me, run_id, t0, ck, s.seed), Origin::Resumed));
     }
-    for &peer in &s.peers {
-        match fetch::state(s.net, peer, run_id).await {
-            Ok(state) => match state.verify(&s.manifest.engine, s.initial.len()) {
-                Ok(()) => {
-                    tracing::info!("joined the run with the state of {peer} (round {})", state.round);
-                    return Ok((
-                        Engine::join(s.manifest.engine, me, run_id, t0, state, s.speed, s.seed),
-                        Origin::Joined,
-                    ));
-                }
-                Err(e) => tracing::warn!("state from {peer} refused: {e}"),
-            },
-            Err(e) => tracing::info!("no state from {peer}: {e}"),
+    for attempt in 1..=STATE_ATTEMPTS {
+        match vouched_state(&s).await {
+            Ok(Some(state)) => {
+                return Ok((Engine::join(s.manifest.engine, me, run_id, t0, state, s.speed, s.seed), Origin::Joined));
+            }
+            Ok(None) => break,
+            Err(reason) if attempt == STATE_ATTEMPTS => {
+                s.refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
+                tracing::warn!("no replica state could be trusted ({reason}): starting from the run's initial weights");
+            }
+            Err(reason) => {
+                tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: {reason}; asking again");
+                tokio::time::sleep(STATE_RETRY_PAUSE).await;
+            }
         }
     }
     Ok((Engine::new(s.manifest.engine, me, run_id, t0, s.initial, s.speed, s.seed), Origin::Fresh))
+}
+
+/// The replica state to join with: fetched from several peers at once and
+/// taken only when another peer's state agrees with it (see
+/// [`trust::vouched_state`]); `None` when no peer served one.
+async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trust::StateRefusal> {
+    let run_id = s.manifest.run_id();
+    let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+    let fetches = s
+        .peers
+        .iter()
+        .take(MAX_STATE_SOURCES)
+        .map(|&peer| async move { (peer, fetch::state(s.net, peer, run_id).await) });
+    let mut served: Vec<(PeerId, ReplicaState)> = Vec::new();
+    for (peer, result) in futures::future::join_all(fetches).await {
+        match result.map(|state| (state.verify(&s.manifest.engine, s.initial.len()), state)) {
+            Ok((Ok(()), state)) => served.push((peer, state)),
+            Ok((Err(e), _)) => {
+                refuse("invalid");
+                tracing::warn!("replica state from {peer} refused: {e}");
+            }
+            Err(e) => tracing::info!("no replica state from {peer}: {e}"),
+        }
+    }
+    if served.is_empty() {
+        return Ok(None);
+    }
+    for (i, (a, sa)) in served.iter().enumerate() {
+        for (b, sb) in &served[i + 1..] {
+            let d = trust::distance(&sa.anchor, &sb.anchor) / trust::norm(&sa.anchor).max(1e-12);
+            tracing::info!("replica states of {a} and {b} differ by {d:.2e} (relative)");
+        }
+    }
+    let states: Vec<&ReplicaState> = served.iter().map(|(_, st)| st).collect();
+    match trust::vouched_state(&states) {
+        Ok(i) => {
+            let (peer, state) = served.swap_remove(i);
+            for (other, _) in served.iter().filter(|(_, st)| !trust::states_agree(&state, st)) {
+                refuse(trust::StateRefusal::Unvouched.name());
+                tracing::warn!("the replica state from {other} disagrees with the one the others vouch for: not used");
+            }
+            if served.is_empty() {
+                tracing::warn!(
+                    "joined with the state of {peer} (round {}), the only peer that served one: \
+                     it could not be checked against another",
+                    state.round
+                );
+            } else {
+                tracing::info!(
+                    "joined with the state of {peer} (round {}), checked against {} other peers",
+                    state.round,
+                    served.len()
+                );
+            }
+            Ok(Some(state))
+        }
+        Err(reason) => Err(reason),
+    }
 }
 
 #[cfg(test)]

@@ -2,16 +2,24 @@
 //! Peers exchange digests (what they applied or gave up, and a sketch of
 //! their anchor); each fetches what it misses; when both have seen the same
 //! set of updates but their anchors still differ by more than a threshold,
-//! one fetches the other's anchor and averages.
+//! one fetches the other's anchor and averages, within the bounds of
+//! [`super::trust`].
 
 use std::sync::Arc;
 
-use super::{Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output, snapshot::ReplicaState};
+use super::{
+    Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output,
+    snapshot::ReplicaState,
+    trust::{self, MAX_ANCHOR_DISTANCE_ROUNDS, MAX_ANCHOR_STEP_ROUNDS, StateRefusal},
+};
 use crate::{
     ids::{NodeId, UpdateId},
     version::{AppliedSet, VersionVector},
     wire::{MAX_SKETCH_VALUES, ReplicaDigest},
 };
+
+/// Most outer rounds one average may move our count forward.
+const MAX_OUTER_ROUNDS_AHEAD: u64 = 16;
 
 /// Values in an anchor sketch.
 const SKETCH_VALUES: usize = 1024;
@@ -36,6 +44,18 @@ pub fn relative_distance(a: &[f32], b: &[f32]) -> Option<f32> {
     }
     Some((d.sqrt() / na.sqrt().max(1e-12)) as f32)
 }
+
+/// A far anchor waiting for a second peer to vouch for it.
+#[derive(Debug)]
+pub(super) struct FarCandidate {
+    peer: NodeId,
+    anchor: Vec<f32>,
+    /// Our round when it arrived.
+    round: u64,
+}
+
+/// Our rounds a far anchor waits for a voucher.
+const VOUCH_ROUNDS: u64 = 2;
 
 /// An anchor asked for after matching digests: what it must still match
 /// when it arrives.
@@ -118,9 +138,27 @@ impl Engine {
             self.repairing = distance > self.cfg.anti_entropy.distance_threshold;
         }
         if same_set && distance > self.cfg.anti_entropy.distance_threshold && self.anchor_fetch.is_none() {
+            // Refused before fetching: a state we would not use is not
+            // worth its bytes.
+            if let Err(reason) = self.may_average_with(&from) {
+                self.event(EngineEvent::AnchorRefused { peer: from, reason });
+                return;
+            }
             self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
         }
+    }
+
+    /// Whether `peer` may be averaged with now: it has contributed updates
+    /// we applied, and we have not averaged yet this round.
+    fn may_average_with(&self, peer: &NodeId) -> Result<(), StateRefusal> {
+        if self.applied.max_round(peer).is_none() {
+            return Err(StateRefusal::NotContributor);
+        }
+        if self.last_average_round == Some(self.round) {
+            return Err(StateRefusal::TooSoon);
+        }
+        Ok(())
     }
 
     /// An update a peer has seen but can no longer serve. Left missing, it
@@ -160,32 +198,85 @@ impl Engine {
             self.event(EngineEvent::AnchorAverageSkipped { peer: from });
             return;
         }
+        if let Err(reason) = self.may_average_with(&from) {
+            self.event(EngineEvent::AnchorRefused { peer: from, reason });
+            return;
+        }
+        let Some(scale) = self.movement.median() else {
+            self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::NoBaseline });
+            return;
+        };
+        let rounds = trust::distance(&self.anchor, &state.anchor) / scale;
+        if rounds.is_nan() || rounds > MAX_ANCHOR_DISTANCE_ROUNDS {
+            self.on_far_anchor(from, state, rounds);
+            return;
+        }
+        self.blend(from, &state, MAX_ANCHOR_STEP_ROUNDS * scale, 0.5);
+    }
+
+    /// A far anchor is what a poisoner offers, and also what the other side
+    /// of a healed partition holds. The difference: the other side is many
+    /// peers with the same replica. So a far anchor is used only once a
+    /// second contributor serves one that agrees with it; until then it is
+    /// kept and another peer is asked for its digest.
+    fn on_far_anchor(&mut self, from: NodeId, state: ReplicaState, rounds: f32) {
+        let vouched = self
+            .far_candidate
+            .take_if(|c| c.peer != from && self.round <= c.round + VOUCH_ROUNDS)
+            .filter(|c| trust::anchors_agree(&c.anchor, &state.anchor));
+        if vouched.is_some() {
+            self.blend(from, &state, f32::INFINITY, f32::INFINITY);
+            return;
+        }
+        self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });
+        self.far_candidate = Some(FarCandidate { peer: from, anchor: state.anchor, round: self.round });
+        let others: Vec<NodeId> = self
+            .membership
+            .peers()
+            .map(|(id, _)| *id)
+            .filter(|id| *id != from && self.applied.max_round(id).is_some())
+            .collect();
+        if !others.is_empty() {
+            let peer = others[self.rng.below(others.len() as u64) as usize];
+            let digest = self.digest();
+            self.emit(Output::AntiEntropy { peer, digest });
+        }
+    }
+
+    /// Averages our replica with `state`: the anchor moves at most
+    /// `anchor_bound`, each outer vector at most `outer_fraction` of its
+    /// own norm (the buffer: of the momentum's and its own).
+    fn blend(&mut self, from: NodeId, state: &ReplicaState, anchor_bound: f32, outer_fraction: f32) {
         let anchor = Arc::make_mut(&mut self.anchor);
-        average_into(anchor, &state.anchor);
+        trust::bounded_blend(anchor, &state.anchor, 0.5, anchor_bound);
         // The outer momentum must agree too, or it pushes the anchors apart
         // again. So must the phase of the outer accumulation (which arrival
         // of the group of N comes next): after a partition the two sides
         // count differently and would step at different arrivals forever.
         // The lower node id's phase wins, so the whole swarm ends on one.
         if state.outer.fits(self.cfg.outer.kind, anchor.len()) {
-            average_into(&mut self.outer.momentum, &state.outer.momentum);
-            average_into(&mut self.outer.second_moment, &state.outer.second_moment);
+            let momentum = trust::norm(&self.outer.momentum);
+            trust::bounded_blend(&mut self.outer.momentum, &state.outer.momentum, 0.5, outer_fraction * momentum);
+            let second = trust::norm(&self.outer.second_moment);
+            let bound = outer_fraction * second;
+            trust::bounded_blend(&mut self.outer.second_moment, &state.outer.second_moment, 0.5, bound);
             if from < self.me {
-                self.outer.buffer.clone_from(&state.outer.buffer);
-                self.outer.count = state.outer.count;
+                let bound = 2.0 * outer_fraction * (momentum + trust::norm(&self.outer.buffer));
+                trust::bounded_blend(&mut self.outer.buffer, &state.outer.buffer, 1.0, bound);
+                self.outer.count = state.outer.count.min(self.cfg.membership.max_peers);
             }
-            self.outer.outer_rounds = self.outer.outer_rounds.max(state.outer.outer_rounds);
+            // Bounded too: the count drives the warm-up and AdamW's bias
+            // correction.
+            let ahead = state.outer.outer_rounds.min(self.outer.outer_rounds + MAX_OUTER_ROUNDS_AHEAD);
+            self.outer.outer_rounds = self.outer.outer_rounds.max(ahead);
         }
         self.applied.union(&state.applied);
         self.version.merge_max(&state.version);
+        self.far_candidate = None;
+        self.last_average_round = Some(self.round);
+        self.averaged_this_round = true;
         self.stats.anchors_averaged += 1;
         self.event(EngineEvent::AnchorsAveraged { peer: from });
-    }
-}
-
-fn average_into(mine: &mut [f32], theirs: &[f32]) {
-    for (x, y) in mine.iter_mut().zip(theirs) {
-        *x = 0.5 * (*x + y);
     }
 }
 
@@ -232,6 +323,7 @@ mod tests {
             let cfg = EngineConfig::preset(Strategy::Gopals);
             let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![1.0; 8], 1.0, 3);
             e.applied = both.clone();
+            e.movement.record(10.0);
             let digest = ReplicaDigest {
                 run_id: run,
                 version: VersionVector::new(),
@@ -309,5 +401,113 @@ mod tests {
         outputs(&mut e);
         e.on_peer_digest(peer, digest());
         assert!(outputs(&mut e).iter().any(|o| matches!(o, Output::FetchAnchor { .. })), "the sets match again");
+    }
+
+    /// An engine whose replica moves 1 a round (when `movement` is set) and
+    /// has applied updates of nodes 2 and 4.
+    fn engine_moving(movement: Option<f32>) -> Engine {
+        let cfg = EngineConfig::preset(Strategy::Gopals);
+        let mut e = Engine::new(cfg, NodeId([3; 32]), RunId(Hash32([7; 32])), Micros::ZERO, vec![1.0; 8], 1.0, 3);
+        e.applied = set(&[(3, 0), (2, 0), (4, 0)]);
+        if let Some(m) = movement {
+            e.movement.record(m);
+        }
+        e
+    }
+
+    /// `peer` offers `anchor` through anti-entropy (a digest over our seen
+    /// set whose sketch points at it, then the state); the outputs.
+    fn offer(e: &mut Engine, peer: NodeId, anchor: Vec<f32>) -> Vec<Output> {
+        let sketch = anchor_sketch(&anchor);
+        let (run_id, applied) = (e.run_id, e.seen());
+        e.on_peer_digest(peer, ReplicaDigest { run_id, version: VersionVector::new(), applied, sketch });
+        let mut out: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
+        if out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })) {
+            let mut state = e.replica_state();
+            state.anchor = anchor;
+            e.on_peer_anchor(peer, state);
+            out.extend(std::iter::from_fn(|| e.poll_output()));
+        }
+        out
+    }
+
+    fn engine_offered(anchor: Vec<f32>, peer: NodeId, movement: Option<f32>) -> (Engine, Vec<Output>) {
+        let mut e = engine_moving(movement);
+        let out = offer(&mut e, peer, anchor);
+        (e, out)
+    }
+
+    fn refusal(out: &[Output]) -> Option<StateRefusal> {
+        out.iter().find_map(|o| match o {
+            Output::Event(EngineEvent::AnchorRefused { reason, .. }) => Some(*reason),
+            _ => None,
+        })
+    }
+
+    /// The poisoning seen in the wild: a far-away anchor offered through
+    /// anti-entropy moved honest replicas half way to it.
+    #[test]
+    fn a_far_anchor_is_refused_and_a_near_one_moves_us_a_bounded_step() {
+        let peer = NodeId([2; 32]);
+        // 100 away, our replica moves 1 a round, nobody vouches for it:
+        // refused, untouched.
+        let (e, out) = engine_offered(vec![1.0 + 100.0 / 8f32.sqrt(); 8], peer, Some(1.0));
+        assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { rounds }) if (rounds - 100.0).abs() < 0.1));
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        assert_eq!(e.stats().anchors_averaged, 0);
+        // 1.5 away: averaged, but the move is bounded (half a round's
+        // movement), not half the distance.
+        let (e, out) = engine_offered(vec![1.0 + 1.5 / 8f32.sqrt(); 8], peer, Some(1.0));
+        assert_eq!(refusal(&out), None);
+        let moved = trust::distance(e.anchor(), &[1.0; 8]);
+        assert!((moved - MAX_ANCHOR_STEP_ROUNDS).abs() < 1e-4, "moved {moved}");
+        // Before our replica has moved there is no scale: refused.
+        let (e, out) = engine_offered(vec![1.5; 8], peer, None);
+        assert_eq!(refusal(&out), Some(StateRefusal::NoBaseline));
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        // A peer none of whose updates we applied is not asked at all.
+        let (e, out) = engine_offered(vec![1.5; 8], NodeId([9; 32]), Some(1.0));
+        assert_eq!(refusal(&out), Some(StateRefusal::NotContributor));
+        assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
+        assert_eq!(e.anchor(), &[1.0; 8]);
+    }
+
+    /// The other side of a healed partition is far too, but it is many
+    /// peers with one replica: a second contributor serving an anchor that
+    /// agrees vouches for it, and the replicas average in full.
+    #[test]
+    fn a_far_anchor_is_used_once_a_second_contributor_vouches_for_it() {
+        let far = vec![1.0 + 10.0 / 8f32.sqrt(); 8];
+        let mut e = engine_moving(Some(1.0));
+        assert!(matches!(refusal(&offer(&mut e, NodeId([2; 32]), far.clone())), Some(StateRefusal::TooFar { .. })));
+        // The same peer again vouches for nothing.
+        assert!(matches!(refusal(&offer(&mut e, NodeId([2; 32]), far.clone())), Some(StateRefusal::TooFar { .. })));
+        // Another peer with another far anchor does not either.
+        let elsewhere = vec![1.0 - 10.0 / 8f32.sqrt(); 8];
+        assert!(refusal(&offer(&mut e, NodeId([4; 32]), elsewhere)).is_some());
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        // Two contributors agreeing: averaged in full.
+        offer(&mut e, NodeId([2; 32]), far.clone());
+        assert_eq!(refusal(&offer(&mut e, NodeId([4; 32]), far.clone())), None);
+        assert_eq!(e.stats().anchors_averaged, 1);
+        assert!((trust::distance(e.anchor(), &[1.0; 8]) - 5.0).abs() < 1e-4, "half way: {:?}", e.anchor());
+    }
+
+    /// Unsolicited digests cannot buy a second average in the same round.
+    #[test]
+    fn one_average_per_round() {
+        let peer = NodeId([2; 32]);
+        let (mut e, _) = engine_offered(vec![1.5; 8], peer, Some(1.0));
+        assert_eq!(e.stats().anchors_averaged, 1);
+        let digest = ReplicaDigest {
+            run_id: e.run_id,
+            version: VersionVector::new(),
+            applied: e.seen(),
+            sketch: anchor_sketch(&[2.0; 8]),
+        };
+        e.on_peer_digest(peer, digest);
+        let out: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
+        assert_eq!(refusal(&out), Some(StateRefusal::TooSoon));
+        assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
     }
 }

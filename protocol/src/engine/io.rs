@@ -124,6 +124,13 @@ pub enum EngineEvent {
         /// The batch it was applied in instead.
         applied_in: u64,
     },
+    /// A peer's replica state was not used (see [`super::trust`]).
+    AnchorRefused {
+        /// The peer.
+        peer: NodeId,
+        /// Why.
+        reason: super::trust::StateRefusal,
+    },
     /// A peer's anchor arrived after either side had applied more updates,
     /// so averaging it would have kept half of those: skipped.
     AnchorAverageSkipped {

@@ -163,6 +163,12 @@ impl Engine {
         }
         let round = self.round;
         let base = self.anchor.clone();
+        if let Some(previous) = self.last_base.replace(base.clone())
+            && !self.averaged_this_round
+        {
+            self.movement.record(super::trust::distance(&base, &previous));
+        }
+        self.averaged_this_round = false;
         self.phase = Phase::Training(Training {
             round,
             started: now,

@@ -52,6 +52,9 @@ pub enum StateError {
     /// Non-finite values.
     #[error("state contains non-finite values")]
     NonFinite,
+    /// A second moment below zero (its square root would be NaN).
+    #[error("state has a negative second moment")]
+    NegativeSecondMoment,
 }
 
 impl ReplicaState {
@@ -65,6 +68,9 @@ impl ReplicaState {
         }
         if self.anchor.iter().any(|v| !v.is_finite()) {
             return Err(StateError::NonFinite);
+        }
+        if self.outer.second_moment.iter().any(|v| *v < 0.0) {
+            return Err(StateError::NegativeSecondMoment);
         }
         for p in &self.pending {
             let payload = crate::codec::Payload::parse(p.announcement.codec, num_params, &p.bytes)

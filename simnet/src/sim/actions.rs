@@ -150,6 +150,9 @@ impl Sim<'_> {
                 *self.tally.dropped.entry(reason.name().to_string()).or_insert(0) += 1
             }
             EngineEvent::AnchorsAveraged { .. } => self.tally.anchors_averaged += 1,
+            EngineEvent::AnchorRefused { reason, .. } => {
+                *self.tally.anchors_refused.entry(reason.name().to_string()).or_insert(0) += 1
+            }
             EngineEvent::FetchAbandoned { .. } => self.tally.fetches_abandoned += 1,
             _ => {}
         }
