@@ -136,6 +136,11 @@ pub enum LedgerCommand {
         /// Distinct countersigning peers needed for credit.
         #[arg(long, short, default_value_t = 1)]
         k: u64,
+        /// A private swarm's allowlist (peer ids): only their receipts
+        /// count. Without it, receipts count from peers whose updates this
+        /// node accepted.
+        #[arg(long)]
+        allow: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -17,6 +17,7 @@ use ragtag_node::{
 };
 use ragtag_protocol::{
     engine::{EngineOverrides, LocalMode, Strategy},
+    ledger::Vouchers,
     manifest::ModelSpec,
 };
 
@@ -194,8 +195,20 @@ fn ledger_command(command: LedgerCommand) -> Result<ExitCode> {
         Ok(SledLedger::open(&dir)?)
     };
     match command {
-        LedgerCommand::Summary { state, k, json } => {
-            let s = ledger::summary(&open(&state)?, k)?;
+        LedgerCommand::Summary { state, k, allow, json } => {
+            let vouchers = if allow.is_empty() {
+                Vouchers::AcceptedByOwner
+            } else {
+                let nodes = allow
+                    .iter()
+                    .map(|s| {
+                        let peer = s.parse::<PeerId>().with_context(|| format!("invalid --allow peer id {s:?}"))?;
+                        identity::node_id(&peer).with_context(|| format!("--allow {s:?} is not an ed25519 peer id"))
+                    })
+                    .collect::<Result<_>>()?;
+                Vouchers::Allowlist(nodes)
+            };
+            let s = ledger::summary(&open(&state)?, k, &vouchers)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -205,7 +218,7 @@ fn ledger_command(command: LedgerCommand) -> Result<ExitCode> {
                 );
                 for p in std::iter::once(&s.me).chain(&s.peers) {
                     println!(
-                        "{:<18} {:>8} {:>10} {:>12.2} {:>10.2} {:>9} {:>9} {:>12}",
+                        "{:<18} {:>8} {:>10} {:>12.2} {:>10.2} {:>9} {:>9} {:>12.1}",
                         &p.node[..p.node.len().min(16)],
                         p.contributions,
                         p.samples,
@@ -213,10 +226,14 @@ fn ledger_command(command: LedgerCommand) -> Result<ExitCode> {
                         p.accepted_weight,
                         p.accepted,
                         p.receipts_from_distinct_peers,
-                        p.credit_samples
+                        p.credit
                     );
                 }
-                println!("(first line: this node; credit = samples countersigned by at least {k} peers)");
+                println!(
+                    "(first line: this node, credited samples x applied weight from receipts of at least {k} {}; \
+                     other lines: what this node applied of theirs)",
+                    if allow.is_empty() { "peers whose updates it accepted" } else { "allowed peers" }
+                );
             }
         }
         LedgerCommand::Verify { state } => {

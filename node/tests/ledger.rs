@@ -12,7 +12,7 @@ use ragtag_node::ledger::{ExportFormat, SledLedger, export, summary, verify};
 use ragtag_protocol::{
     Keypair,
     ids::{Hash32, RunId, UpdateId},
-    ledger::{LedgerStore, LedgerWriter, ReceiptOutcome, RecordKind},
+    ledger::{LedgerStore, LedgerWriter, ReceiptOutcome, RecordKind, Vouchers},
 };
 
 const RUN: RunId = RunId(Hash32([5; 32]));
@@ -163,17 +163,21 @@ fn summary_counts_credit_and_export_carries_signatures() {
             0,
             RecordKind::Receipt {
                 update: UpdateId { src: me, round: 1 },
-                payload_hash: Hash32::default(),
+                payload_hash: Hash32([1; 32]),
                 samples: 320,
                 outcome: ReceiptOutcome::Accepted { weight: 1.0, staleness: 0 },
             },
         );
         l.keep_receipt(&receipt).unwrap();
     }
-    let s = summary(&l, 2).unwrap();
+    let s =
+        summary(&l, 2, &Vouchers::Allowlist([2, 3].map(|i| Keypair::deterministic(9, i).node_id()).into())).unwrap();
     assert_eq!(s.me.contributions, 3);
     assert_eq!(s.me.receipts_from_distinct_peers, 2);
-    assert_eq!(s.me.credit_samples, 320);
+    assert_eq!(s.me.credit, 320.0);
+    // Neither countersigner had an update accepted by this node: in a public
+    // swarm their receipts vouch for nothing.
+    assert_eq!(summary(&l, 2, &Vouchers::AcceptedByOwner).unwrap().me.credit, 0.0);
     let jsonl = export(&l, ExportFormat::Jsonl).unwrap();
     assert_eq!(jsonl.lines().count(), 3);
     assert!(jsonl.contains("signature_hex"));

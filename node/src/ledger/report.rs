@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use ragtag_protocol::{
     identity::Signed,
     ledger::{
-        ChainError, ChainFault, LedgerStore, LedgerSummary, RecordBody, SignedRecord, summarize, verify_chain_on,
+        ChainError, ChainFault, LedgerStore, LedgerSummary, RecordBody, SignedRecord, Vouchers, summarize,
+        verify_chain_on,
     },
 };
 use serde::Serialize;
@@ -57,11 +58,11 @@ fn bad(records: usize, signer: Option<String>, e: &ChainError) -> VerifyReport {
     VerifyReport { records, signer, error: Some(e.to_string()), bad_record: e.seq }
 }
 
-/// The credit summary, with receipts from `k` distinct peers needed.
-pub fn summary(ledger: &SledLedger, k: u64) -> Result<LedgerSummary, LedgerError> {
+/// The credit summary, with receipts from `k` distinct vouchers needed.
+pub fn summary(ledger: &SledLedger, k: u64, vouchers: &Vouchers) -> Result<LedgerSummary, LedgerError> {
     let own: Vec<RecordBody> = ledger.records()?.iter().filter_map(|r| r.open().ok()).collect();
     let foreign: Vec<RecordBody> = ledger.receipts()?.iter().filter_map(|r| r.open().ok()).collect();
-    Ok(summarize(&own, &foreign, k))
+    Ok(summarize(&own, &foreign, k, vouchers))
 }
 
 /// Export formats.

@@ -191,6 +191,11 @@ impl Node {
                     self.reject(Some(from), RejectReason::WrongRun, "a receipt");
                     return MessageAcceptance::Reject;
                 }
+                // A private swarm's credit comes from its members only.
+                Ok(body) if self.opts.allow.as_ref().is_some_and(|a| !a.contains(&body.signer)) => {
+                    self.reject(Some(from), RejectReason::NotAllowed, "a receipt signed outside the allowlist");
+                    return MessageAcceptance::Reject;
+                }
                 Ok(body) => {
                     if let RecordKind::Receipt { update, .. } = &body.kind
                         && update.src == self.me
