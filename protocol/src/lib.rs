@@ -9,6 +9,7 @@
 //! a file or the OS's randomness: time and seeds are inputs, so the node and
 //! the simulator drive the very same code (the sans-IO shape of quinn-proto).
 
+pub mod chunks;
 pub mod codec;
 pub mod engine;
 pub mod identity;

@@ -4,6 +4,7 @@
 
 use libp2p::PeerId;
 use ragtag_protocol::{
+    chunks::Reassembly,
     engine::ReplicaState,
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
@@ -26,8 +27,7 @@ fn unexpected(m: &Message) -> String {
     }
 }
 
-/// Reassembles a chunked object: chunks must agree on size and hash, come
-/// in order, and the whole must hash to what they claim.
+/// Reassembles a chunked object from `peer` (see [`Reassembly`]).
 async fn fetch_chunked(
     net: &Client,
     peer: PeerId,
@@ -35,27 +35,11 @@ async fn fetch_chunked(
     mut request: impl FnMut(u64, Hash32) -> Message,
     extract: impl Fn(Message) -> Result<Chunk, String>,
 ) -> Result<(Vec<u8>, Hash32), String> {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut expected: Option<(u64, Hash32)> = None;
+    let mut object = Reassembly::new(max_total);
     loop {
-        let hash = expected.map_or(Hash32::default(), |(_, h)| h);
-        let chunk = extract(net.request(peer, request(buf.len() as u64, hash)).await?)?;
-        let (total, hash) = *expected.get_or_insert((chunk.total_len, chunk.hash));
-        if chunk.total_len != total || chunk.hash != hash || chunk.offset != buf.len() as u64 {
-            return Err("inconsistent chunks".into());
-        }
-        if total > max_total || buf.len() as u64 + chunk.bytes.len() as u64 > total {
-            return Err(format!("object of {total} bytes over the limit"));
-        }
-        if chunk.bytes.is_empty() && (buf.len() as u64) < total {
-            return Err("empty chunk before the end".into());
-        }
-        buf.extend_from_slice(&chunk.bytes);
-        if buf.len() as u64 == total {
-            if Hash32::of(&buf) != hash {
-                return Err("object does not match its hash".into());
-            }
-            return Ok((buf, hash));
+        let chunk = extract(net.request(peer, request(object.offset(), object.hash())).await?)?;
+        if let Some(done) = object.push(chunk).map_err(|e| e.to_string())? {
+            return Ok(done);
         }
     }
 }

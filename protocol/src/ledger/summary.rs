@@ -85,15 +85,15 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
                     ReceiptOutcome::Accepted { weight, .. } => {
                         p.accepted += 1;
                         p.samples += samples;
-                        p.accepted_weight += *weight as f64;
-                        p.credit += *samples as f64 * *weight as f64;
+                        p.accepted_weight += applied_weight(*weight);
+                        p.credit += *samples as f64 * applied_weight(*weight);
                     }
                     ReceiptOutcome::Rejected { .. } => p.rejected += 1,
                 }
             }
             RecordKind::Receipt { outcome: ReceiptOutcome::Accepted { weight, .. }, .. } => {
                 mine.accepted += 1;
-                mine.accepted_weight += *weight as f64;
+                mine.accepted_weight += applied_weight(*weight);
             }
             _ => {}
         }
@@ -103,7 +103,7 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
         Vouchers::AcceptedByOwner => others.get(signer).is_some_and(|p| p.accepted > 0),
     };
     // Per contribution: the weight each distinct voucher applied it with.
-    let mut acceptors: BTreeMap<u64, BTreeMap<NodeId, f32>> = BTreeMap::new();
+    let mut acceptors: BTreeMap<u64, BTreeMap<NodeId, f64>> = BTreeMap::new();
     let mut distinct: BTreeSet<NodeId> = BTreeSet::new();
     for r in foreign_receipts {
         if let RecordKind::Receipt { update, payload_hash, outcome: ReceiptOutcome::Accepted { weight, .. }, .. } =
@@ -113,7 +113,7 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
             && my_rounds.get(&update.round).is_some_and(|(_, hash)| hash == payload_hash)
             && vouches(&r.signer)
         {
-            acceptors.entry(update.round).or_default().insert(r.signer, weight.clamp(0.0, 1.0));
+            acceptors.entry(update.round).or_default().insert(r.signer, applied_weight(*weight));
             distinct.insert(r.signer);
         }
     }
@@ -121,9 +121,14 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
     mine.credit = acceptors
         .iter()
         .filter(|(_, who)| who.len() as u64 >= k.max(1))
-        .map(|(round, who)| my_rounds[round].0 as f64 * who.values().map(|w| *w as f64).sum::<f64>() / who.len() as f64)
+        .map(|(round, who)| my_rounds[round].0 as f64 * who.values().sum::<f64>() / who.len() as f64)
         .sum();
     LedgerSummary { me: mine, peers: others.into_values().collect(), k }
+}
+
+/// A receipt's weight as credit counts it: within [0, 1], zero when not a number.
+fn applied_weight(w: f32) -> f64 {
+    if w.is_finite() { w.clamp(0.0, 1.0) as f64 } else { 0.0 }
 }
 
 #[cfg(test)]

@@ -1,0 +1,32 @@
+//! A replica state served in chunks: any sequence of chunks is reassembled
+//! under a limit, and whatever completes is decoded and checked.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ragtag_protocol::{
+    chunks::Reassembly,
+    engine::{EngineConfig, ReplicaState, Strategy},
+    ids::Hash32,
+    wire::Chunk,
+};
+
+const LIMIT: u64 = 1 << 16;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(chunks) = postcard::from_bytes::<Vec<Chunk>>(data) else { return };
+    let mut object = Reassembly::new(LIMIT);
+    for c in chunks {
+        match object.push(c) {
+            Ok(Some((bytes, hash))) => {
+                assert!(bytes.len() as u64 <= LIMIT);
+                assert_eq!(Hash32::of(&bytes), hash);
+                if let Ok(s) = postcard::from_bytes::<ReplicaState>(&bytes) {
+                    let _ = s.verify(&EngineConfig::preset(Strategy::Gopals), 16);
+                }
+                return;
+            }
+            Ok(None) => {}
+            Err(_) => return,
+        }
+    }
+});
