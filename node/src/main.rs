@@ -355,5 +355,5 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
         outcome.eval_loss.map(|l| format!(", held-out loss {l:.4}")).unwrap_or_default()
     );
     drop(state);
-    Ok(ExitCode::SUCCESS)
+    Ok(if outcome.failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

@@ -5,6 +5,7 @@
 mod fetch;
 mod inbound;
 mod outputs;
+mod phases;
 pub mod startup;
 
 use std::{
@@ -106,6 +107,8 @@ pub fn now() -> Micros {
 pub struct Outcome {
     /// Why it stopped.
     pub reason: String,
+    /// It stopped on an error (the trainer failed), not by choice.
+    pub failed: bool,
     /// Rounds completed.
     pub rounds: u64,
     /// Latest held-out loss.
@@ -150,6 +153,10 @@ pub(crate) struct Node {
     bytes_out: u64,
     bytes_in: u64,
     peer_scores: BTreeMap<String, f64>,
+    /// The local phase in the trainer's hands.
+    phase: phases::PhaseWatch,
+    /// Our stdout was closed (`ragtag run --json | head`): stop cleanly.
+    stdout_closed: bool,
 }
 
 /// Runs a node until a stop condition or a signal.
@@ -303,13 +310,20 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         bytes_out: 0,
         bytes_in: 0,
         peer_scores: BTreeMap::new(),
+        phase: phases::PhaseWatch::default(),
+        stdout_closed: false,
         opts,
     };
     node.engine.handle(now(), Input::Start);
     node.drain().await;
 
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Streams made once: a future made per loop turn (`ctrl_c()`) misses a
+    // signal that arrives while the loop is busy between turns.
+    let signal = |kind| tokio::signal::unix::signal(kind);
+    use tokio::signal::unix::SignalKind;
+    let (mut sigterm, mut sigint, mut sighup) =
+        (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?);
     let reason = loop {
         let timeout = node.engine.poll_timeout().map(|t| Duration::from_micros(t.0.saturating_sub(now().0)));
         let sleep = tokio::time::sleep(timeout.unwrap_or(Duration::from_secs(3600)));
@@ -319,12 +333,14 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
             Some(reply) = trainer_rx.recv() => node.on_trainer(reply),
             Some(i) = internal_rx.recv() => node.on_internal(i).await,
             _ = tick.tick() => {
+                node.send_phase();
                 node.refresh_net_info().await;
                 node.refresh_status();
                 if let Some(reason) = node.stop_reason() { break reason; }
             }
-            _ = tokio::signal::ctrl_c() => break "interrupted (SIGINT)".to_string(),
+            _ = sigint.recv() => break "interrupted (SIGINT)".to_string(),
             _ = sigterm.recv() => break "terminated (SIGTERM)".to_string(),
+            _ = sighup.recv() => break "hung up (SIGHUP)".to_string(),
         }
         node.drain().await;
         if let Some(reason) = node.stop_reason() {
@@ -332,7 +348,9 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         }
     };
     node.shutdown(&reason).await;
+    let failed = node.phase.fatal().is_some();
     let outcome = Outcome {
+        failed,
         reason,
         rounds: node.engine.stats().rounds,
         eval_loss: node.eval.map(|e| e.loss),
@@ -350,9 +368,18 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     // database lock goes with the ledger.
     drop(node.ledger);
     if let Some(line) = exit_line {
-        println!("{line}");
+        // Nobody may be reading any more; that is no error now.
+        let _ = write_line(&line);
     }
     Ok(outcome)
+}
+
+/// A line on stdout, flushed; an error when stdout is closed.
+fn write_line(v: &serde_json::Value) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{v}")?;
+    out.flush()
 }
 
 fn print_join_hint(m: &Manifest, listen: &[Multiaddr]) {
@@ -372,6 +399,12 @@ fn print_join_hint(m: &Manifest, listen: &[Multiaddr]) {
 
 impl Node {
     fn stop_reason(&self) -> Option<String> {
+        if let Some(fatal) = self.phase.fatal() {
+            return Some(fatal);
+        }
+        if self.stdout_closed {
+            return Some("stdout was closed".into());
+        }
         let rounds = self.engine.stats().rounds;
         if self.opts.max_rounds.is_some_and(|m| rounds >= m) {
             return Some(format!("reached {rounds} rounds"));
@@ -387,9 +420,34 @@ impl Node {
         None
     }
 
+    /// Hands the current phase to the trainer if it has not got it yet (its
+    /// queue was full); called again whenever the trainer replies.
+    fn send_phase(&mut self) {
+        let Some(p) = self.phase.unsent() else { return };
+        match self.trainer.send(TrainerCommand::Phase(p)) {
+            Ok(()) => self.phase.sent(),
+            Err(trainer_thread::SendError::Full) => tracing::debug!("the trainer's queue is full: the phase waits"),
+            Err(e @ trainer_thread::SendError::Gone) => tracing::error!("{e}"),
+        }
+    }
+
+    /// One JSON line on stdout; a closed stdout stops the node cleanly
+    /// instead of panicking.
+    fn json_line(&mut self, v: &serde_json::Value) {
+        if !self.stdout_closed && write_line(v).is_err() {
+            self.stdout_closed = true;
+        }
+    }
+
     fn on_trainer(&mut self, reply: TrainerReply) {
+        self.on_trainer_reply(reply);
+        self.send_phase();
+    }
+
+    fn on_trainer_reply(&mut self, reply: TrainerReply) {
         match reply {
             TrainerReply::PhaseDone { result, total_s, .. } => {
+                self.phase.done(result.round);
                 self.busy_s += total_s;
                 self.metrics.rounds.inc();
                 self.metrics.steps.inc_by(result.steps as u64);
@@ -412,9 +470,8 @@ impl Node {
                     self.checkpoint();
                 }
                 if self.opts.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
+                    self.json_line(
+                        &serde_json::json!({
                             "event": "round", "round": round, "t": self.started.elapsed().as_secs_f64(),
                             "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
                             "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
@@ -422,7 +479,7 @@ impl Node {
                             "samples": self.engine.stats().samples, "busy_s": self.busy_s,
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
                             "sketch": &ragtag_protocol::engine::anti_entropy::anchor_sketch(self.engine.anchor())[..32.min(self.engine.anchor().len())],
-                        })
+                        }),
                     );
                 }
             }
@@ -434,11 +491,12 @@ impl Node {
                     let line = serde_json::json!({
                         "event": "eval", "round": tag, "t": t, "eval_loss": result.loss, "eval_accuracy": result.accuracy,
                     });
-                    println!("{line}");
+                    self.json_line(&line);
                 }
             }
             TrainerReply::Checkpointed(Ok(path)) => tracing::debug!("trainer state saved to {}", path.display()),
             TrainerReply::Checkpointed(Err(e)) => tracing::warn!("trainer checkpoint failed: {e}"),
+            TrainerReply::PhaseFailed { round, error } => self.phase.failed(round, &error),
             TrainerReply::Failed(e) => tracing::error!("trainer: {e}"),
         }
     }
@@ -500,7 +558,7 @@ impl Node {
         self.metrics.live_nodes.set(self.engine.live_nodes() as i64);
         self.metrics.utilisation.set(utilisation);
         self.metrics.speed.set(self.engine.speed() as f64);
-        let state = if self.engine.is_training() { "training" } else { "waiting for the next round" };
+        let state = self.phase.describe();
         let s = Status {
             version: env!("CARGO_PKG_VERSION").into(),
             node_id: self.me.to_hex(),
@@ -526,7 +584,7 @@ impl Node {
             bytes_out: self.bytes_out,
             bytes_in: self.bytes_in,
             ledger_records: self.ledger_records,
-            state: state.into(),
+            state,
             peer_scores: self.peer_scores.clone(),
             staleness_histogram: stats.staleness_histogram,
             rounds: stats.rounds,

@@ -58,8 +58,26 @@ pub enum TrainerReply {
     },
     /// A checkpoint was written or restored.
     Checkpointed(Result<PathBuf, String>),
-    /// Something failed; the thread goes on.
+    /// A local phase failed; the thread goes on.
+    PhaseFailed {
+        /// The phase's round.
+        round: u64,
+        /// What failed.
+        error: String,
+    },
+    /// Something else failed (an evaluation); the thread goes on.
     Failed(String),
+}
+
+/// Why a command did not reach the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// Its queue is full: try again once it replies.
+    #[error("the trainer's queue is full")]
+    Full,
+    /// The thread has ended.
+    #[error("the trainer thread has ended")]
+    Gone,
 }
 
 /// What the trainer learned at start-up.
@@ -73,9 +91,9 @@ pub struct TrainerInfo {
     pub device: String,
     /// Why `auto` fell back to the CPU, if it did.
     pub fallback_reason: Option<String>,
-    /// Best achievable held-out loss, when the data knows it.
     /// What the run trains on, in words (with its loss floor when known).
     pub data: String,
+    /// Best achievable held-out loss, when the data knows it.
     pub floor: Option<f32>,
     /// Unigram entropy of text data.
     pub unigram_entropy: Option<f32>,
@@ -96,8 +114,11 @@ pub struct TrainerHandle {
 
 impl TrainerHandle {
     /// Queues a command; fails when the thread is gone or the queue is full.
-    pub fn send(&self, cmd: TrainerCommand) -> Result<(), String> {
-        self.tx.try_send(cmd).map_err(|e| format!("trainer thread unavailable: {e}"))
+    pub fn send(&self, cmd: TrainerCommand) -> Result<(), SendError> {
+        self.tx.try_send(cmd).map_err(|e| match e {
+            mpsc::TrySendError::Full(_) => SendError::Full,
+            mpsc::TrySendError::Disconnected(_) => SendError::Gone,
+        })
     }
 
     /// Stops the thread and waits for it.
@@ -227,7 +248,7 @@ fn serve(
                             total_s: start.elapsed().as_secs_f64(),
                         }
                     }
-                    Err(e) => TrainerReply::Failed(format!("local phase {}: {e}", p.round)),
+                    Err(e) => TrainerReply::PhaseFailed { round: p.round, error: e.to_string() },
                 }
             }
             TrainerCommand::Evaluate { params, tag } => match trainer.evaluate(Some(&params)) {

@@ -11,7 +11,7 @@ use ragtag_protocol::{
 };
 
 use super::{Internal, Node, fetch};
-use crate::{metrics::ReasonLabel, payload_store::StoredUpdate, trainer_thread::TrainerCommand};
+use crate::{metrics::ReasonLabel, payload_store::StoredUpdate};
 
 impl Node {
     /// Handles every pending engine output, then writes (and announces)
@@ -38,9 +38,8 @@ impl Node {
     async fn act(&mut self, out: Output) {
         match out {
             Output::StartLocalPhase(p) => {
-                if let Err(e) = self.trainer.send(TrainerCommand::Phase(p)) {
-                    tracing::error!("{e}");
-                }
+                self.phase.start(p, self.engine.speed());
+                self.send_phase();
             }
             Output::Publish(p) => {
                 self.metrics.published.inc();
