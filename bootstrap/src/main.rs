@@ -1,6 +1,9 @@
 //! `ragtag-bootstrap`: a long-running rendezvous node. It serves Kademlia,
 //! identify, ping, AutoNAT and a relay, so volunteers can find each other
-//! and reach each other from behind NAT. It never trains.
+//! and reach each other from behind NAT. It never trains, but it finds a
+//! run's manifest among its peers for a joiner that knows only the run id.
+
+mod run_lookup;
 
 use std::{
     net::SocketAddr,
@@ -103,6 +106,9 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!("metrics on http://{bound}/metrics");
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut manifests = run_lookup::ManifestCache::default();
+    let (found_tx, mut found_rx) = tokio::sync::mpsc::channel(16);
     let started = std::time::Instant::now();
     loop {
         tokio::select! {
@@ -119,6 +125,26 @@ async fn run(args: Args) -> Result<()> {
                         s.connected_peers = n;
                         s.uptime_s = started.elapsed().as_secs_f64();
                     }
+                    net::Event::Request { id, message: Message::ManifestRequest(run), peer } => {
+                        if let Some(bytes) = manifests.get(run) {
+                            let _ = client.respond(id, Message::Manifest(bytes)).await;
+                            continue;
+                        }
+                        // Asking peers takes a round trip: not on this loop.
+                        let (client, found_tx) = (client.clone(), found_tx.clone());
+                        tokio::spawn(async move {
+                            let peers: Vec<PeerId> = client.info().await.map(|i| i.connected).unwrap_or_default();
+                            let others: Vec<PeerId> = peers.into_iter().filter(|p| *p != peer).collect();
+                            let reply = match run_lookup::find_manifest(&client, &others, run).await {
+                                Some(bytes) => {
+                                    let _ = found_tx.send((run, bytes.clone())).await;
+                                    Message::Manifest(bytes)
+                                }
+                                None => Message::Error(ErrorReply::NotFound),
+                            };
+                            let _ = client.respond(id, reply).await;
+                        });
+                    }
                     net::Event::Request { id, message, .. } => {
                         let reply = match message {
                             Message::Probe(n) => Message::ProbeReply(vec![0; (n as usize).min(MAX_CHUNK_BYTES)]),
@@ -130,7 +156,11 @@ async fn run(args: Args) -> Result<()> {
                     _ => {}
                 }
             }
-            _ = tokio::signal::ctrl_c() => break,
+            Some((run, bytes)) = found_rx.recv() => {
+                tracing::info!("found the manifest of run {run} among our peers");
+                manifests.insert(run, bytes);
+            }
+            _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
     }

@@ -43,6 +43,8 @@ use crate::{
 
 /// Internal results queued at most (fetches finishing).
 const INTERNAL_CAPACITY: usize = 1024;
+/// Longest wait at start-up for the bootstrap peers and a peer beyond them.
+const SETTLE: Duration = Duration::from_secs(5);
 /// Unreachable peers remembered for logging at most.
 const MAX_UNREACHABLE_LOGGED: usize = 1024;
 /// Distinct (peer, reason) pairs logged at most.
@@ -221,10 +223,13 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         }
     );
 
-    // Wait briefly for our addresses and the bootstrap connections.
+    // Wait briefly for our addresses, the bootstrap connections and one
+    // peer beyond them: a public swarm's bootstrap node does not train, and
+    // the training peers it knows are found through the DHT (the state to
+    // join with comes from them).
     let mut listen = Vec::new();
     let mut connected = BTreeSet::new();
-    let settle = tokio::time::sleep(Duration::from_millis(if opts.net.bootstrap.is_empty() { 300 } else { 3000 }));
+    let settle = tokio::time::sleep(if opts.net.bootstrap.is_empty() { Duration::from_millis(300) } else { SETTLE });
     tokio::pin!(settle);
     let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
     loop {
@@ -232,7 +237,10 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
             _ = &mut settle => break,
             Some(ev) = net_events.recv() => match ev {
                 net::Event::Listening(a) => listen.push(a),
-                net::Event::Connected(p) => { connected.insert(p); if want.is_subset(&connected) { break; } }
+                net::Event::Connected(p) => {
+                    connected.insert(p);
+                    if want.is_subset(&connected) && connected.len() > want.len() { break; }
+                }
                 net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
                 _ => {}
             }

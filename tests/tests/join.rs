@@ -1,0 +1,43 @@
+//! The README's join flow, as written: a `ragtag-bootstrap` (which never
+//! trains), two training nodes, then a third started with only `--run-id`
+//! and the bootstrap's address. It gets the manifest through the bootstrap,
+//! finds the training peers through the DHT, syncs the replica state from
+//! them (not a fresh start), and the others apply its updates.
+
+use std::time::Duration;
+
+use ragtag_protocol::{engine::Strategy, manifest::Manifest};
+use ragtag_tests::{bootstrap, node};
+
+const T: Duration = Duration::from_secs(120);
+
+#[test]
+fn a_node_joins_by_run_id_through_a_bootstrap_that_does_not_train() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_bs, addr) = bootstrap(&dir.path().join("bs"), &[]);
+    let a = node(&dir.path().join("a"), &["--bootstrap", &addr, "--max-rounds", "30"]);
+    let _b = node(&dir.path().join("b"), &["--bootstrap", &addr, "--max-rounds", "30"]);
+    for _ in 0..4 {
+        a.wait_json("round", T).unwrap_or_else(|| panic!("a does not train:\n{}", a.stderr()));
+    }
+    let run = Manifest::builtin(Strategy::Gopals).run_id().to_string();
+    let c = node(&dir.path().join("c"), &["--run-id", &run, "--bootstrap", &addr, "--max-rounds", "6"]);
+    let ec = c.wait_json("exit", T).unwrap_or_else(|| panic!("c did not finish:\n{}", c.stderr()));
+    assert_eq!(ec["outcome"]["origin"], "joined", "c started fresh:\n{}", c.stderr());
+    assert!(c.stderr().contains("joined with the state of"), "{}", c.stderr());
+    let c_id = ec["status"]["node_id"].as_str().unwrap().to_string();
+
+    // a applied c's updates: its ledger holds receipts accepting them.
+    let (_, ea) = a.rounds_until_exit(T);
+    assert!(ea["outcome"]["rounds"].as_u64().unwrap() > 0);
+    let export = std::process::Command::new(ragtag_tests::bin("ragtag"))
+        .args(["ledger", "export", "--state", dir.path().join("a/state").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let accepted_from_c = String::from_utf8_lossy(&export.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["kind"] == "receipt" && r.to_string().contains(&c_id) && r.to_string().contains("Accepted"))
+        .count();
+    assert!(accepted_from_c >= 1, "a accepted none of c's updates");
+}
