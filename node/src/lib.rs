@@ -16,5 +16,6 @@ pub mod net;
 pub mod payload_store;
 pub mod runtime;
 pub mod status;
+pub mod status_page;
 pub mod swarm_key;
 pub mod trainer_thread;

@@ -157,7 +157,8 @@ pub struct Endpoint {
     pub status: Arc<RwLock<Status>>,
 }
 
-/// Serves `/metrics` (Prometheus text) and `/status` (JSON) on `addr`;
+/// Serves `/` (the status page), `/metrics` (Prometheus text) and
+/// `/status` (JSON) on `addr`;
 /// returns the bound address.
 pub async fn serve(addr: SocketAddr, endpoint: Endpoint) -> std::io::Result<SocketAddr> {
     use axum::{Json, Router, extract::State, http::header, response::IntoResponse, routing::get};
@@ -170,7 +171,14 @@ pub async fn serve(addr: SocketAddr, endpoint: Endpoint) -> std::io::Result<Sock
     async fn status(State(e): State<Endpoint>) -> Json<Status> {
         Json(e.status.read().expect("status lock").clone())
     }
-    let app = Router::new().route("/metrics", get(metrics)).route("/status", get(status)).with_state(endpoint);
+    async fn page(State(e): State<Endpoint>) -> axum::response::Html<String> {
+        axum::response::Html(crate::status_page::html(&e.status.read().expect("status lock")))
+    }
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .with_state(endpoint);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {

@@ -5,6 +5,7 @@
 mod fetch;
 mod inbound;
 mod outputs;
+mod peer_table;
 mod phases;
 pub mod startup;
 
@@ -159,6 +160,8 @@ pub(crate) struct Node {
     phase: phases::PhaseWatch,
     /// Our stdout was closed (`ragtag run --json | head`): stop cleanly.
     stdout_closed: bool,
+    /// Evaluations over time and per-peer standing, for the status page.
+    peer_table: peer_table::PeerTable,
 }
 
 /// Runs a node until a stop condition or a signal.
@@ -320,6 +323,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         peer_scores: BTreeMap::new(),
         phase: phases::PhaseWatch::default(),
         stdout_closed: false,
+        peer_table: peer_table::PeerTable::default(),
         opts,
     };
     node.engine.handle(now(), Input::Start);
@@ -494,6 +498,7 @@ impl Node {
             TrainerReply::Evaluated { result, tag } => {
                 self.metrics.eval_loss.set(result.loss as f64);
                 self.eval = Some(result);
+                self.peer_table.eval(self.started.elapsed().as_secs_f64(), result.loss);
                 if self.opts.json {
                     let t = self.started.elapsed().as_secs_f64();
                     let line = serde_json::json!({
@@ -535,6 +540,9 @@ impl Node {
     fn reject(&mut self, peer: Option<PeerId>, reason: RejectReason, what: &str) {
         self.metrics.reject(reason.name());
         *self.rejected.entry(reason.name().to_string()).or_insert(0) += 1;
+        if let Some(p) = peer {
+            self.peer_table.rejected(p);
+        }
         let key = (peer.unwrap_or(self.net.local_peer_id()), reason);
         if self.logged.len() < MAX_LOGGED_REJECTIONS && self.logged.insert(key) {
             tracing::warn!("rejected {what} from {}: {reason}", peer.map_or("?".into(), |p| p.to_string()));
@@ -567,6 +575,8 @@ impl Node {
         self.metrics.utilisation.set(utilisation);
         self.metrics.speed.set(self.engine.speed() as f64);
         let state = self.phase.describe();
+        let (bytes_out_per_s, bytes_in_per_s) = self.peer_table.traffic(self.bytes_out, self.bytes_in);
+        let peers = self.peer_table.rows(&self.engine, now(), &self.connected, &self.peer_scores);
         let s = Status {
             version: env!("CARGO_PKG_VERSION").into(),
             node_id: self.me.to_hex(),
@@ -597,6 +607,12 @@ impl Node {
             staleness_histogram: stats.staleness_histogram,
             rounds: stats.rounds,
             samples: stats.samples,
+            model: self.opts.manifest.model.to_string(),
+            data: self.trainer.info.data.clone(),
+            eval_history: self.peer_table.evals(),
+            peers,
+            bytes_out_per_s,
+            bytes_in_per_s,
         };
         *self.status.write().expect("status lock") = s;
     }

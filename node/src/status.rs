@@ -69,6 +69,44 @@ pub struct Status {
     /// gossipsub scores of connected peers (PeerId -> score).
     #[serde(default)]
     pub peer_scores: BTreeMap<String, f64>,
+    /// The model, in words.
+    #[serde(default)]
+    pub model: String,
+    /// The data, in words.
+    #[serde(default)]
+    pub data: String,
+    /// Held-out loss over wall time: (seconds since start, loss), the most
+    /// recent evaluations.
+    #[serde(default)]
+    pub eval_history: Vec<(f64, f32)>,
+    /// Peers connected or heard from.
+    #[serde(default)]
+    pub peers: Vec<PeerStatus>,
+    /// Bytes sent per second, over the last refresh.
+    #[serde(default)]
+    pub bytes_out_per_s: f64,
+    /// Bytes received per second, over the last refresh.
+    #[serde(default)]
+    pub bytes_in_per_s: f64,
+}
+
+/// One peer, as this node sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Its libp2p PeerId.
+    pub peer_id: String,
+    /// A libp2p connection is open to it.
+    pub connected: bool,
+    /// Its gossipsub score, when connected.
+    pub score: Option<f64>,
+    /// Inner steps per second it advertises (members of the run only).
+    pub speed: Option<f32>,
+    /// Seconds since its last heartbeat (members of the run only).
+    pub last_seen_s: Option<f64>,
+    /// Its updates applied to our replica.
+    pub applied: u64,
+    /// Its inputs we rejected.
+    pub rejected: u64,
 }
 
 impl Status {

@@ -57,6 +57,22 @@ pub enum ModelSpec {
     },
 }
 
+impl std::fmt::Display for ModelSpec {
+    /// The model in a few words, for people (status page, logs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let widths = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join("-");
+        match self {
+            Self::Mlp { inputs, hidden, classes } => write!(f, "MLP {inputs}-{}-{classes}", widths(hidden)),
+            Self::Cnn { side, channels, hidden, classes } => {
+                write!(f, "CNN {side}x{side}, channels {}, dense {hidden}, {classes} classes", widths(channels))
+            }
+            Self::CharTransformer { vocab, context, width, layers, .. } => {
+                write!(f, "char transformer: {layers} layers of width {width}, context {context}, vocabulary {vocab}")
+            }
+        }
+    }
+}
+
 /// The data a run trains on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

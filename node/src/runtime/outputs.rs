@@ -107,7 +107,10 @@ impl Node {
 
     fn on_engine_event(&mut self, ev: EngineEvent) {
         match ev {
-            EngineEvent::Applied { staleness, .. } => {
+            EngineEvent::Applied { id, staleness, .. } => {
+                if let Some(p) = Self::peer_of(&id.src) {
+                    self.peer_table.applied(p);
+                }
                 self.metrics.applied.inc();
                 self.metrics.staleness.observe(staleness as f64);
             }
