@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod device;
 mod error;
+pub mod export;
 pub mod lr_probe;
 pub mod memory;
 pub mod model;

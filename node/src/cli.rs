@@ -43,6 +43,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write this node's current replica as a safetensors file with the
+    /// model's layer names (load it with the `safetensors` package).
+    Export {
+        /// The node's state directory.
+        #[arg(long, default_value = "ragtag-state")]
+        state: PathBuf,
+        /// The file to write.
+        #[arg(long, default_value = "model.safetensors")]
+        out: PathBuf,
+    },
     /// Read this node's contribution ledger.
     Ledger {
         /// What to do with it.

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod cli;
 pub mod doctor;
+pub mod export;
 pub mod identity;
 pub mod ledger;
 pub mod manifest_file;

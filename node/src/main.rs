@@ -171,6 +171,10 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             }
         }
         Command::Ledger { command } => return ledger_command(command),
+        Command::Export { state, out } => {
+            let e = ragtag_node::export::export(&state, &out)?;
+            println!("wrote {} ({}: {} tensors, {} parameters)", out.display(), e.model, e.tensors, e.parameters);
+        }
         Command::Doctor(args) => {
             let checks = doctor::run(&args).await;
             for c in &checks {

@@ -183,6 +183,11 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         tracing::info!("metrics and status on http://{bound}/metrics and /status");
     }
 
+    // The manifest beside the state, for `ragtag export` and the curious.
+    if let Err(e) = crate::manifest_file::write(&manifest, &opts.state.join(crate::export::MANIFEST_FILE)) {
+        tracing::warn!("cannot keep the manifest in {}: {e}", opts.state.display());
+    }
+
     // The ledger, continuing our own chain.
     let ledger = SledLedger::open(&opts.state.join("ledger")).context("opening the ledger")?;
     let last = ragtag_protocol::ledger::LedgerStore::last(&ledger)?;
