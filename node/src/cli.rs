@@ -4,6 +4,7 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand};
+use ragtag_protocol::codec::CodecKind;
 use serde::Deserialize;
 
 use crate::ledger::ExportFormat;
@@ -89,9 +90,20 @@ pub enum SwarmCommand {
         /// Seed of the initial weights.
         #[arg(long, default_value_t = 42)]
         seed: u64,
-        /// Inner steps per round (H).
-        #[arg(long)]
+        /// Inner steps per round (H), at least 1 (default: the strategy's).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         h: Option<u32>,
+        /// Inner mini-batch size per step (default 32).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        batch: Option<u32>,
+        /// Update codec on the wire: f32, f16, int8 (blocks of 256),
+        /// int8/BLOCK or topNpermille (the N largest values per thousand).
+        #[arg(long, value_parser = parse_codec)]
+        codec: Option<CodecKind>,
+        /// The held-out loss the run aims for (reports measure the time to
+        /// it; `ragtag run --target-loss` stops a node there).
+        #[arg(long, value_parser = parse_target_loss)]
+        target_loss: Option<f32>,
         /// Fixed tick period in ms (tick mode; default: H / v_ref).
         #[arg(long)]
         tick_ms: Option<u32>,
@@ -118,6 +130,21 @@ pub enum LrChoice {
     Auto,
     /// This rate.
     Fixed(f32),
+}
+
+fn parse_codec(s: &str) -> Result<CodecKind, CliValueError> {
+    CodecKind::parse_name(s).ok_or_else(|| {
+        CliValueError(format!(
+            "--codec {s:?}: use f32, f16, int8, int8/BLOCK (1 to 1048576) or topNpermille (1 to 1000)"
+        ))
+    })
+}
+
+fn parse_target_loss(s: &str) -> Result<f32, CliValueError> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(CliValueError(format!("--target-loss {s:?}: use a held-out loss above 0, e.g. 1.3"))),
+    }
 }
 
 fn parse_lr(s: &str) -> Result<LrChoice, CliValueError> {

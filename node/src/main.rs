@@ -97,10 +97,30 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
         }
         Command::Swarm {
             command:
-                SwarmCommand::New { name, private, model, hidden, data, strategy, seed, h, tick_ms, lr, probe_steps, out },
+                SwarmCommand::New {
+                    name,
+                    private,
+                    model,
+                    hidden,
+                    data,
+                    strategy,
+                    seed,
+                    h,
+                    batch,
+                    codec,
+                    target_loss,
+                    tick_ms,
+                    lr,
+                    probe_steps,
+                    out,
+                },
         } => {
-            let strategy = Strategy::parse(&strategy).with_context(|| format!("unknown strategy {strategy:?}"))?;
-            let overrides = EngineOverrides { h, period_ms: tick_ms, ..EngineOverrides::default() };
+            let strategy = Strategy::parse(&strategy).with_context(|| {
+                format!(
+                    "unknown strategy {strategy:?}: use ddp, diloco, diloco-proportional, async, gopals or gopals-async"
+                )
+            })?;
+            let overrides = EngineOverrides { h, period_ms: tick_ms, codec, ..EngineOverrides::default() };
             let start_ms = runtime::now().0 / 1000;
             let mut m = manifest_file::new_run(&manifest_file::NewRun {
                 name,
@@ -113,6 +133,14 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 seed,
                 start_ms,
             })?;
+            if let Some(b) = batch {
+                m.training.batch_size = b;
+                m.rationale.insert("batch_size".into(), format!("{b}: chosen by the run's creator"));
+            }
+            if let Some(c) = codec {
+                m.rationale.insert("codec".into(), format!("{}: chosen by the run's creator", c.name()));
+            }
+            m.training.target_loss = target_loss.or(m.training.target_loss);
             std::fs::create_dir_all(&out)?;
             match lr {
                 // ddp has no inner steps: its optimiser is the outer one.

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use ragtag_protocol::{codec::CodecKind, engine::Strategy};
+
 fn ragtag() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ragtag"))
 }
@@ -16,6 +18,7 @@ fn help_works_for_every_command() {
         &["doctor", "--help"],
         &["status", "--help"],
         &["keygen", "--help"],
+        &["export", "--help"],
     ] {
         let out = ragtag().args(args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
@@ -107,4 +110,55 @@ fn status_explains_when_no_node_runs() {
     let out = ragtag().args(["status", "--metrics", "127.0.0.1:1"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+}
+
+#[test]
+fn swarm_new_takes_the_knobs_that_matter_and_refuses_bad_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = [
+        "swarm",
+        "new",
+        "--name",
+        "knobs",
+        "--model",
+        "mlp",
+        "--hidden",
+        "16",
+        "--lr",
+        "0.001",
+        "--strategy",
+        "diloco",
+        "--h",
+        "20",
+        "--batch",
+        "64",
+        "--codec",
+        "f16",
+        "--target-loss",
+        "1.2",
+        "--out",
+    ];
+    let ok = ragtag().args(args).arg(&out).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let m = ragtag_node::manifest_file::read(&out.join("manifest.toml")).unwrap();
+    assert_eq!((m.engine.strategy, m.engine.h, m.training.batch_size), (Strategy::Diloco, 20, 64));
+    assert_eq!((m.engine.codec, m.training.target_loss), (CodecKind::F16, Some(1.2)));
+    assert!(m.rationale["batch_size"].contains("chosen by the run's creator"));
+    for (flag, value, says) in [
+        ("--batch", "0", "--batch"),
+        ("--h", "0", "--h"),
+        ("--codec", "int4", "use f32, f16, int8"),
+        ("--target-loss", "0", "above 0"),
+        ("--strategy", "fast", "use ddp, diloco"),
+    ] {
+        let bad = ragtag()
+            .args(["swarm", "new", "--name", "x", "--lr", "0.001", flag, value, "--out"])
+            .arg(dir.path().join("bad"))
+            .output()
+            .unwrap();
+        assert!(!bad.status.success(), "{flag} {value} was taken");
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
 }

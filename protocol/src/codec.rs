@@ -90,6 +90,22 @@ impl CodecKind {
         }
     }
 
+    /// The codec a name (as [`CodecKind::name`] writes it, or `int8` for
+    /// blocks of 256) stands for, if valid.
+    pub fn parse_name(s: &str) -> Option<CodecKind> {
+        let kind = match s {
+            "f32" => CodecKind::F32,
+            "f16" => CodecKind::F16,
+            "int8" => CodecKind::Int8 { block: 256 },
+            _ => match (s.strip_prefix("int8/"), s.strip_prefix("top").and_then(|r| r.strip_suffix("permille"))) {
+                (Some(block), _) => CodecKind::Int8 { block: block.parse().ok()? },
+                (_, Some(per_mille)) => CodecKind::TopK { per_mille: per_mille.parse().ok()? },
+                _ => return None,
+            },
+        };
+        kind.validate().ok().map(|()| kind)
+    }
+
     /// A short name for reports.
     pub fn name(&self) -> String {
         match *self {
@@ -347,6 +363,17 @@ impl ErrorFeedback {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn codec_names_round_trip_and_bad_ones_are_refused() {
+        for k in [CodecKind::F32, CodecKind::F16, CodecKind::Int8 { block: 64 }, CodecKind::TopK { per_mille: 30 }] {
+            assert_eq!(CodecKind::parse_name(&k.name()), Some(k));
+        }
+        assert_eq!(CodecKind::parse_name("int8"), Some(CodecKind::Int8 { block: 256 }));
+        for bad in ["int8/0", "top0permille", "top2000permille", "int4", "int8/x", ""] {
+            assert_eq!(CodecKind::parse_name(bad), None, "{bad}");
+        }
+    }
+
     use proptest::prelude::*;
 
     use super::*;
