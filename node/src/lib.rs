@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod export;
 pub mod identity;
 pub mod ledger;
+pub mod live_line;
 pub mod manifest_file;
 pub mod metrics;
 pub mod net;

@@ -64,7 +64,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,libp2p_kad=error,libp2p_swarm=warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(ragtag_node::live_line::LogWriter)
         .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -378,7 +378,13 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
         net: net_cfg,
         allow: allow_nodes,
     };
-    let outcome = runtime::run(opts).await?;
+    // The live line on a terminal; JSON output stays machine-readable.
+    if !opts.json {
+        ragtag_node::live_line::start();
+    }
+    let outcome = runtime::run(opts).await;
+    ragtag_node::live_line::finish();
+    let outcome = outcome?;
     eprintln!(
         "stopped: {} after {} rounds, {} updates applied{}",
         outcome.reason,

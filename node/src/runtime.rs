@@ -619,6 +619,7 @@ impl Node {
             bytes_out_per_s,
             bytes_in_per_s,
         };
+        crate::live_line::update(&s);
         *self.status.write().expect("status lock") = s;
     }
 

@@ -75,3 +75,26 @@ fn a_closed_stdout_stops_the_node_cleanly() {
     assert!(status.success(), "{status:?}\n{stderr}");
     left_cleanly(&state, &stderr, "stdout was closed");
 }
+
+/// On a terminal `ragtag run` keeps one live status line under its logs;
+/// through a pipe (and with --json) it prints nothing extra. `script`
+/// (util-linux, in every Debian) gives the node a pseudo-terminal.
+#[test]
+fn a_terminal_gets_the_live_line_and_a_pipe_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let ragtag = bin("ragtag");
+    let run =
+        |state: &str| format!("{} run --max-rounds 6 --state {}", ragtag.display(), dir.path().join(state).display());
+    let tty = Command::new("script").args(["-qec", &run("tty"), "/dev/null"]).output().expect("script runs");
+    let tty = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.contains("held-out") && tty.contains("steps/s ·"), "no live line on a terminal:\n{tty}");
+    let piped = Command::new(&ragtag)
+        .args(["run", "--max-rounds", "6", "--state"])
+        .arg(dir.path().join("pipe"))
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(piped.status.success());
+    let all = format!("{}{}", String::from_utf8_lossy(&piped.stdout), String::from_utf8_lossy(&piped.stderr));
+    assert!(!all.contains("steps/s ·"), "a live line through a pipe:\n{all}");
+}
