@@ -82,6 +82,20 @@ impl Proc {
         Self { child: Some(child), stdout: rx, stderr, dir: dir.to_path_buf() }
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Resident memory in KiB (Linux `/proc`), while it runs.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Everything printed on stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().expect("stderr lock").join("\n")
