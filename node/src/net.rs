@@ -161,6 +161,8 @@ pub struct NetInfo {
     pub scores: Vec<(PeerId, f64)>,
     /// Peers in our gossip mesh.
     pub mesh: usize,
+    /// How each connected peer is reached: direct, relayed or quic.
+    pub kinds: Vec<(PeerId, &'static str)>,
 }
 
 /// A cloneable handle to the network task.

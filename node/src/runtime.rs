@@ -568,6 +568,7 @@ impl Node {
     async fn refresh_net_info(&mut self) {
         if let Ok(info) = self.net.info().await {
             self.peer_scores = info.scores.iter().map(|(p, s)| (p.to_string(), *s)).collect();
+            self.peer_table.connection_kinds(&info.kinds);
         }
     }
 

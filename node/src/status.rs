@@ -105,6 +105,10 @@ pub struct PeerStatus {
     pub last_seen_s: Option<f64>,
     /// Its updates applied to our replica.
     pub applied: u64,
+    /// Mean staleness of those updates (ticks or versions late).
+    pub mean_staleness: Option<f64>,
+    /// How we reach it: direct, relayed or quic (connected peers).
+    pub connection: Option<String>,
     /// Its inputs we rejected.
     pub rejected: u64,
 }

@@ -18,6 +18,15 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
+/// A long peer id cut to its ends (the whole id is in the cell's title).
+fn short(id: &str) -> String {
+    let chars: Vec<char> = id.chars().collect();
+    if chars.len() <= 20 {
+        return id.into();
+    }
+    format!("{}…{}", chars[..12].iter().collect::<String>(), chars[chars.len() - 6..].iter().collect::<String>())
+}
+
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "–".into(), |v| v.to_string())
 }
@@ -120,17 +129,23 @@ pub fn html(s: &Status) -> String {
             human_bytes(s.bytes_in)
         ),
     );
-    out.push_str("</table><h2>Peers</h2><table id=\"peers\"><tr><th>peer</th><th>connected</th><th>gossip score</th><th>speed (steps/s)</th><th>last heard</th><th>updates applied</th><th>rejected</th></tr>");
+    out.push_str("</table><h2>Peers</h2><table id=\"peers\"><tr><th>peer</th><th>connection</th><th>gossip score</th><th>speed (steps/s)</th><th>last heard</th><th>updates applied</th><th>mean staleness</th><th>rejected</th></tr>");
     for p in &s.peers {
         let _ = write!(
             out,
-            "<tr class=\"peer\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{}>{}</td></tr>",
+            "<tr class=\"peer\"><td title=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{}>{}</td></tr>",
             esc(&p.peer_id),
-            if p.connected { "yes" } else { "no" },
+            esc(&short(&p.peer_id)),
+            match (&p.connection, p.connected) {
+                (Some(kind), _) => esc(kind),
+                (None, true) => "yes".into(),
+                (None, false) => "not connected".into(),
+            },
             opt(p.score.map(|v| format!("{v:.1}"))),
             opt(p.speed.map(|v| format!("{v:.1}"))),
             opt(p.last_seen_s.map(|v| format!("{v:.0} s ago"))),
             p.applied,
+            opt(p.mean_staleness.map(|v| format!("{v:.2}"))),
             if p.rejected > 0 { " class=\"bad\"" } else { "" },
             p.rejected
         );
@@ -159,7 +174,17 @@ mod tests {
         let s = Status {
             run_name: "<script>x</script>".into(),
             eval_history: vec![(1.0, 2.3), (2.0, 1.9), (4.0, 1.4)],
-            peers: vec![PeerStatus { peer_id: "12D3KooWpeer".into(), connected: true, ..PeerStatus::default() }],
+            peers: vec![
+                PeerStatus { peer_id: "12D3KooWpeer".into(), connected: true, ..PeerStatus::default() },
+                PeerStatus {
+                    peer_id: "12D3KooWfar".into(),
+                    connected: true,
+                    connection: Some("relayed".into()),
+                    applied: 4,
+                    mean_staleness: Some(0.25),
+                    ..PeerStatus::default()
+                },
+            ],
             ..Status::default()
         };
         let page = html(&s);
@@ -168,7 +193,10 @@ mod tests {
         assert!(page.contains(r#"data-points="3""#));
         let points = page.split(r#" points=""#).nth(1).unwrap().split('"').next().unwrap();
         assert_eq!(points.split(' ').count(), 3);
-        assert!(page.contains("<td>12D3KooWpeer</td><td>yes</td>"));
+        assert!(page.contains(r#"<td title="12D3KooWpeer">12D3KooWpeer</td><td>yes</td>"#));
+        assert!(page.contains(r#"<td title="12D3KooWfar">12D3KooWfar</td><td>relayed</td>"#));
+        assert_eq!(short("12D3KooWQ2BoggGEQuxym1nuVTCv7it2vDkr3RDMNxioMoQHYnyb"), "12D3KooWQ2Bo…QHYnyb");
+        assert!(page.contains("<td>4</td><td>0.25</td>"), "applied and mean staleness");
         assert!(loss_chart(&[]).contains("no evaluation yet"));
     }
 }

@@ -61,6 +61,7 @@ pub fn spawn(
         next_inbound: 0,
         penalties: BTreeMap::new(),
         listen: Vec::new(),
+        kinds: HashMap::new(),
     };
     let handle = tokio::spawn(task.run());
     Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
@@ -82,6 +83,19 @@ fn is_loopback(addr: &Multiaddr) -> bool {
 /// Is this our AutoNAT server's dial-back to a peer we are already
 /// connected to? Only that dial asks for a new port (to prove the peer is
 /// reachable from a fresh one); every other dial of ours reuses the port.
+/// How a connection reaches its peer: through a relay, over QUIC, or
+/// directly over TCP.
+fn connection_kind(addr: &Multiaddr) -> &'static str {
+    use libp2p::multiaddr::Protocol;
+    if addr.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+        "relayed"
+    } else if addr.iter().any(|p| matches!(p, Protocol::QuicV1)) {
+        "quic"
+    } else {
+        "direct"
+    }
+}
+
 fn is_probe_dial_back(endpoint: &ConnectedPoint, num_established: u32) -> bool {
     num_established > 1 && matches!(endpoint, ConnectedPoint::Dialer { port_use: PortUse::New, .. })
 }
@@ -98,6 +112,8 @@ struct EventLoop {
     next_inbound: u64,
     penalties: BTreeMap<PeerId, u32>,
     listen: Vec<Multiaddr>,
+    /// How each connected peer is reached (its latest connection).
+    kinds: HashMap<PeerId, &'static str>,
 }
 
 impl EventLoop {
@@ -179,7 +195,9 @@ impl EventLoop {
                 let scores = connected.iter().filter_map(|p| gs.peer_score(p).map(|s| (*p, s))).collect();
                 let mesh = gs.mesh_peers(&self.topic.hash()).count();
                 let connections = self.swarm.network_info().connection_counters().num_established() as usize;
-                let _ = reply.send(NetInfo { connected, connections, listen: self.listen.clone(), scores, mesh });
+                let kinds = connected.iter().filter_map(|p| self.kinds.get(p).map(|k| (*p, *k))).collect();
+                let _ =
+                    reply.send(NetInfo { connected, connections, listen: self.listen.clone(), scores, mesh, kinds });
             }
             Command::Shutdown => {}
         }
@@ -216,6 +234,7 @@ impl EventLoop {
                     self.swarm.close_connection(connection_id);
                     return;
                 }
+                self.kinds.insert(peer_id, connection_kind(endpoint.get_remote_address()));
                 if num_established.get() == 1 {
                     // Ask the newcomer (and everyone) for peers right away,
                     // rather than at the next periodic bootstrap.
@@ -223,7 +242,10 @@ impl EventLoop {
                     self.emit(Event::Connected(peer_id));
                 }
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => self.emit(Event::Disconnected(peer_id)),
+            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
+                self.kinds.remove(&peer_id);
+                self.emit(Event::Disconnected(peer_id));
+            }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 let mut error = error.to_string();
                 if let Some(psk) = self.cfg.swarm_key {

@@ -109,7 +109,7 @@ impl Node {
         match ev {
             EngineEvent::Applied { id, staleness, .. } => {
                 if let Some(p) = Self::peer_of(&id.src) {
-                    self.peer_table.applied(p);
+                    self.peer_table.applied(p, staleness);
                 }
                 self.metrics.applied.inc();
                 self.metrics.staleness.observe(staleness as f64);

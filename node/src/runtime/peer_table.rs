@@ -22,7 +22,10 @@ const MAX_PEERS: usize = 1024;
 pub(crate) struct PeerTable {
     evals: VecDeque<(f64, f32)>,
     applied: BTreeMap<PeerId, u64>,
+    /// Sum of the staleness of each peer's applied updates.
+    staleness: BTreeMap<PeerId, u64>,
     rejected: BTreeMap<PeerId, u64>,
+    kinds: BTreeMap<PeerId, &'static str>,
     last_bytes: (u64, u64, Instant),
     rates: (f64, f64),
 }
@@ -32,7 +35,9 @@ impl Default for PeerTable {
         Self {
             evals: VecDeque::new(),
             applied: BTreeMap::new(),
+            staleness: BTreeMap::new(),
             rejected: BTreeMap::new(),
+            kinds: BTreeMap::new(),
             last_bytes: (0, 0, Instant::now()),
             rates: (0.0, 0.0),
         }
@@ -54,9 +59,19 @@ impl PeerTable {
         self.evals.push_back((t, loss));
     }
 
-    /// An update of `peer`'s was applied.
-    pub(crate) fn applied(&mut self, peer: PeerId) {
+    /// An update of `peer`'s was applied, `staleness` late.
+    pub(crate) fn applied(&mut self, peer: PeerId, staleness: u64) {
         bump(&mut self.applied, peer);
+        // Only peers within the table's bound.
+        if self.applied.contains_key(&peer) {
+            let sum = self.staleness.entry(peer).or_insert(0);
+            *sum = sum.saturating_add(staleness);
+        }
+    }
+
+    /// How the network reaches each connected peer now.
+    pub(crate) fn connection_kinds(&mut self, kinds: &[(PeerId, &'static str)]) {
+        self.kinds = kinds.iter().copied().collect();
     }
 
     /// An input from `peer` was rejected.
@@ -103,6 +118,11 @@ impl PeerTable {
                     speed: info.map(|i| i.speed),
                     last_seen_s: info.map(|i| now.saturating_sub(i.last_seen).as_secs_f64()),
                     applied: self.applied.get(&p).copied().unwrap_or(0),
+                    mean_staleness: match (self.staleness.get(&p), self.applied.get(&p)) {
+                        (Some(sum), Some(&n)) if n > 0 => Some(*sum as f64 / n as f64),
+                        _ => None,
+                    },
+                    connection: self.kinds.get(&p).map(|k| k.to_string()),
                     rejected: self.rejected.get(&p).copied().unwrap_or(0),
                 }
             })
