@@ -125,6 +125,9 @@ pub enum Event {
     RelayReserved(PeerId),
     /// A peer that is not on the allowlist was disconnected.
     NotAllowed(PeerId),
+    /// A peer subscribed to our run's topic: it takes part in the run (a
+    /// bootstrap node does not).
+    Subscribed(PeerId),
     /// A request we received could not be decoded (size, format).
     BadRequest {
         /// Who sent it.

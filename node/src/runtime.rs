@@ -232,11 +232,13 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     );
 
     // Wait briefly for our addresses, the bootstrap connections and one
-    // peer beyond them: a public swarm's bootstrap node does not train, and
-    // the training peers it knows are found through the DHT (the state to
-    // join with comes from them).
+    // peer that takes part in the run: a public swarm's bootstrap node does
+    // not train, and the training peers it knows are found through the DHT
+    // (the state to join with comes from them). A bootstrap peer that
+    // trains says so by subscribing to the run's topic.
     let mut listen = Vec::new();
     let mut connected = BTreeSet::new();
+    let mut training = BTreeSet::new();
     let settle = tokio::time::sleep(if opts.net.bootstrap.is_empty() { Duration::from_millis(300) } else { SETTLE });
     tokio::pin!(settle);
     let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
@@ -247,7 +249,11 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
                 net::Event::Listening(a) => listen.push(a),
                 net::Event::Connected(p) => {
                     connected.insert(p);
-                    if want.is_subset(&connected) && connected.len() > want.len() { break; }
+                    if want.is_subset(&connected) && (connected.len() > want.len() || !training.is_empty()) { break; }
+                }
+                net::Event::Subscribed(p) => {
+                    training.insert(p);
+                    if want.is_subset(&connected) { break; }
                 }
                 net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
                 _ => {}

@@ -268,6 +268,11 @@ impl EventLoop {
         match ev {
             NodeBehaviourEvent::Gossipsub(e) => {
                 self.metrics.record(&e);
+                if let gossipsub::Event::Subscribed { peer_id, topic } = &e
+                    && *topic == self.topic.hash()
+                {
+                    self.emit(Event::Subscribed(*peer_id));
+                }
                 if let gossipsub::Event::Message { propagation_source, message_id, message } = e {
                     if self.events.capacity() == 0 {
                         self.swarm.behaviour_mut().gossipsub.report_message_validation_result(

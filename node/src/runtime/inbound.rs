@@ -67,6 +67,7 @@ impl Node {
                 self.reachability = "relayed".into();
             }
             net::Event::NotAllowed(p) => self.reject(Some(p), RejectReason::NotAllowed, "a connection"),
+            net::Event::Subscribed(p) => tracing::debug!("{p} takes part in the run"),
             net::Event::BadRequest { peer, error } => {
                 let reason = if error.contains("limit") { RejectReason::TooLarge } else { RejectReason::Malformed };
                 self.reject(Some(peer), reason, &format!("a request ({error})"));
