@@ -44,7 +44,7 @@ pub fn finish() {
 /// The line's text.
 pub fn message(s: &Status) -> String {
     format!(
-        "round {} · held-out {} · {} peers ({} live) · {:.0} steps/s · {}/s out {}/s in · {} updates applied · ledger {} records",
+        "round {} · held-out {} · {} peers ({} live) · {:.0} steps/s · {}/s out {}/s in · {} updates applied · credit {}",
         s.rounds,
         s.eval_loss.map_or_else(|| "–".into(), |l| format!("{l:.4}")),
         s.connected_peers,
@@ -53,7 +53,7 @@ pub fn message(s: &Status) -> String {
         human_bytes(s.bytes_out_per_s as u64),
         human_bytes(s.bytes_in_per_s as u64),
         s.applied,
-        s.ledger_records,
+        s.credit.map_or_else(|| "–".into(), |c| format!("{c:.0}")),
     )
 }
 

@@ -44,6 +44,9 @@ use crate::{
 
 /// Internal results queued at most (fetches finishing).
 const INTERNAL_CAPACITY: usize = 1024;
+/// How often the status recomputes our credit (it reads the whole ledger).
+const CREDIT_EVERY: Duration = Duration::from_secs(30);
+
 /// Longest wait at start-up for the bootstrap peers and a peer beyond them.
 const SETTLE: Duration = Duration::from_secs(5);
 /// Unreachable peers remembered for logging at most.
@@ -162,6 +165,8 @@ pub(crate) struct Node {
     stdout_closed: bool,
     /// Evaluations over time and per-peer standing, for the status page.
     peer_table: peer_table::PeerTable,
+    /// Our credit by the ledger's rule, and when it was last computed.
+    credit: Option<(f64, Instant)>,
 }
 
 /// Runs a node until a stop condition or a signal.
@@ -335,6 +340,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         phase: phases::PhaseWatch::default(),
         stdout_closed: false,
         peer_table: peer_table::PeerTable::default(),
+        credit: None,
         opts,
     };
     node.engine.handle(now(), Input::Start);
@@ -587,6 +593,16 @@ impl Node {
         self.metrics.utilisation.set(utilisation);
         self.metrics.speed.set(self.engine.speed() as f64);
         let state = self.phase.describe();
+        if self.credit.is_none_or(|(_, at)| at.elapsed() >= CREDIT_EVERY) {
+            let vouchers = match &self.opts.allow {
+                Some(allowed) => ragtag_protocol::ledger::Vouchers::Allowlist(allowed.clone()),
+                None => ragtag_protocol::ledger::Vouchers::AcceptedByOwner,
+            };
+            match crate::ledger::summary(&self.ledger, 1, &vouchers) {
+                Ok(s) => self.credit = Some((s.me.credit, Instant::now())),
+                Err(e) => tracing::debug!("credit not computed: {e}"),
+            }
+        }
         let (bytes_out_per_s, bytes_in_per_s) = self.peer_table.traffic(self.bytes_out, self.bytes_in);
         let peers = self.peer_table.rows(&self.engine, now(), &self.connected, &self.peer_scores);
         let s = Status {
@@ -622,6 +638,7 @@ impl Node {
             model: self.opts.manifest.model.to_string(),
             data: self.trainer.info.data.clone(),
             eval_history: self.peer_table.evals(),
+            credit: self.credit.map(|(c, _)| c),
             peers,
             bytes_out_per_s,
             bytes_in_per_s,

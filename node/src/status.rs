@@ -88,6 +88,10 @@ pub struct Status {
     /// Bytes received per second, over the last refresh.
     #[serde(default)]
     pub bytes_in_per_s: f64,
+    /// Our credit: samples x applied weight, from receipts of at least one
+    /// voucher (see `ragtag ledger summary`), recomputed every 30 s.
+    #[serde(default)]
+    pub credit: Option<f64>,
 }
 
 /// One peer, as this node sees it.

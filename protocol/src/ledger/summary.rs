@@ -122,7 +122,8 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
         .iter()
         .filter(|(_, who)| who.len() as u64 >= k.max(1))
         .map(|(round, who)| my_rounds[round].0 as f64 * who.values().sum::<f64>() / who.len() as f64)
-        .sum();
+        // From +0: an empty f64 sum is -0, which prints as "-0".
+        .fold(0.0, |a, b| a + b);
     LedgerSummary { me: mine, peers: others.into_values().collect(), k }
 }
 
@@ -234,7 +235,7 @@ mod tests {
             foreign.push(receipt(s, &me, 7, hash(7), 1.0)); // fabricated: not in our chain
         }
         let s = summarize(&own, &foreign, 1, &Vouchers::AcceptedByOwner);
-        assert_eq!(s.me.credit, 0.0);
+        assert_eq!(s.me.credit.to_string(), "0", "no credit, and not -0");
         assert_eq!(s.me.receipts_from_distinct_peers, 0);
         // One honest voucher (whose update we applied) does count.
         foreign.push(receipt(&honest, &me, 3, hash(3), 1.0));
