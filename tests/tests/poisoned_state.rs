@@ -14,6 +14,7 @@ use std::{
 use ragtag_node::{identity, net};
 use ragtag_protocol::{
     Keypair, Signed,
+    chunks::Reassembly,
     codec::{Payload, encode},
     engine::{ReplicaState, Strategy, anti_entropy::anchor_sketch},
     ids::{Hash32, RunId, UpdateId},
@@ -32,16 +33,15 @@ const SANE_LOSS: f64 = 3.0;
 
 /// The replica state `peer` serves, fetched in chunks.
 async fn fetch_state(c: &net::Client, peer: libp2p::PeerId, run_id: RunId) -> ReplicaState {
-    let (mut buf, mut snapshot) = (Vec::new(), Hash32::default());
+    let mut object = Reassembly::new(1 << 30);
     loop {
-        let req = StateRequest { run_id, offset: buf.len() as u64, max_len: MAX_CHUNK_BYTES as u32, snapshot };
+        let (offset, snapshot) = (object.offset(), object.hash());
+        let req = StateRequest { run_id, offset, max_len: MAX_CHUNK_BYTES as u32, snapshot };
         let Ok(Message::StateChunk(chunk)) = c.request(peer, Message::StateRequest(req)).await else {
             panic!("the honest node serves its state");
         };
-        snapshot = chunk.hash;
-        buf.extend_from_slice(&chunk.bytes);
-        if buf.len() as u64 == chunk.total_len {
-            return postcard::from_bytes(&buf).expect("a state");
+        if let Some((bytes, _)) = object.push(chunk).expect("consistent chunks") {
+            return postcard::from_bytes(&bytes).expect("a state");
         }
     }
 }

@@ -12,7 +12,7 @@ use libp2p::PeerId;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use ragtag_protocol::{
     Keypair,
-    engine::{Engine, ReplicaState, Strategy, trust},
+    engine::{Engine, ReplicaState, Strategy, anti_entropy::relative_distance, trust},
     ids::RunId,
     manifest::Manifest,
     time::Micros,
@@ -190,8 +190,9 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
     }
     for (i, (a, sa)) in served.iter().enumerate() {
         for (b, sb) in &served[i + 1..] {
-            let d = trust::distance(&sa.anchor, &sb.anchor) / trust::norm(&sa.anchor).max(1e-12);
-            tracing::info!("replica states of {a} and {b} differ by {d:.2e} (relative)");
+            if let Some(d) = relative_distance(&sa.anchor, &sb.anchor) {
+                tracing::info!("replica states of {a} and {b} differ by {d:.2e} (relative)");
+            }
         }
     }
     let states: Vec<&ReplicaState> = served.iter().map(|(_, st)| st).collect();

@@ -34,15 +34,7 @@ pub fn anchor_sketch(anchor: &[f32]) -> Vec<f32> {
 
 /// `||a - b|| / ||a||`, or `None` when the sketches do not match in length.
 pub fn relative_distance(a: &[f32], b: &[f32]) -> Option<f32> {
-    if a.len() != b.len() {
-        return None;
-    }
-    let (mut d, mut na) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        d += ((x - y) as f64).powi(2);
-        na += (*x as f64).powi(2);
-    }
-    Some((d.sqrt() / na.sqrt().max(1e-12)) as f32)
+    (a.len() == b.len()).then(|| trust::distance(a, b) / trust::norm(a).max(1e-12))
 }
 
 /// A far anchor waiting for a second peer to vouch for it.
@@ -211,7 +203,7 @@ impl Engine {
             self.on_far_anchor(from, state, rounds);
             return;
         }
-        self.blend(from, &state, MAX_ANCHOR_STEP_ROUNDS * scale, 0.5);
+        self.blend(from, &state, Some(MAX_ANCHOR_STEP_ROUNDS * scale));
     }
 
     /// A far anchor is what a poisoner offers, and also what the other side
@@ -225,7 +217,7 @@ impl Engine {
             .take_if(|c| c.peer != from && self.round <= c.round + VOUCH_ROUNDS)
             .filter(|c| trust::anchors_agree(&c.anchor, &state.anchor));
         if vouched.is_some() {
-            self.blend(from, &state, f32::INFINITY, f32::INFINITY);
+            self.blend(from, &state, None);
             return;
         }
         self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });
@@ -243,12 +235,14 @@ impl Engine {
         }
     }
 
-    /// Averages our replica with `state`: the anchor moves at most
-    /// `anchor_bound`, each outer vector at most `outer_fraction` of its
-    /// own norm (the buffer: of the momentum's and its own).
-    fn blend(&mut self, from: NodeId, state: &ReplicaState, anchor_bound: f32, outer_fraction: f32) {
+    /// Averages our replica with `state`. Bounded (`Some`: one peer's
+    /// word): the anchor moves at most `anchor_bound`, each outer vector at
+    /// most half its own norm (the buffer: the momentum's and its own).
+    /// Unbounded (`None`: vouched for by a second peer): the plain average.
+    fn blend(&mut self, from: NodeId, state: &ReplicaState, anchor_bound: Option<f32>) {
         let anchor = Arc::make_mut(&mut self.anchor);
         trust::bounded_blend(anchor, &state.anchor, 0.5, anchor_bound);
+        let outer_bound = |norm: f32| anchor_bound.map(|_| 0.5 * norm);
         // The outer momentum must agree too, or it pushes the anchors apart
         // again. So must the phase of the outer accumulation (which arrival
         // of the group of N comes next): after a partition the two sides
@@ -256,13 +250,12 @@ impl Engine {
         // The lower node id's phase wins, so the whole swarm ends on one.
         if state.outer.fits(self.cfg.outer.kind, anchor.len()) {
             let momentum = trust::norm(&self.outer.momentum);
-            trust::bounded_blend(&mut self.outer.momentum, &state.outer.momentum, 0.5, outer_fraction * momentum);
-            let second = trust::norm(&self.outer.second_moment);
-            let bound = outer_fraction * second;
-            trust::bounded_blend(&mut self.outer.second_moment, &state.outer.second_moment, 0.5, bound);
+            trust::bounded_blend(&mut self.outer.momentum, &state.outer.momentum, 0.5, outer_bound(momentum));
+            let second = outer_bound(trust::norm(&self.outer.second_moment));
+            trust::bounded_blend(&mut self.outer.second_moment, &state.outer.second_moment, 0.5, second);
             if from < self.me {
-                let bound = 2.0 * outer_fraction * (momentum + trust::norm(&self.outer.buffer));
-                trust::bounded_blend(&mut self.outer.buffer, &state.outer.buffer, 1.0, bound);
+                let buffer = anchor_bound.map(|_| momentum + trust::norm(&self.outer.buffer));
+                trust::bounded_blend(&mut self.outer.buffer, &state.outer.buffer, 1.0, buffer);
                 self.outer.count = state.outer.count.min(self.cfg.membership.max_peers);
             }
             // Bounded too: the count drives the warm-up and AdamW's bias

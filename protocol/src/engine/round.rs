@@ -165,6 +165,7 @@ impl Engine {
         let base = self.anchor.clone();
         if let Some(previous) = self.last_base.replace(base.clone())
             && !self.averaged_this_round
+            && !Arc::ptr_eq(&base, &previous)
         {
             self.movement.record(super::trust::distance(&base, &previous));
         }

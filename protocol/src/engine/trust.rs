@@ -114,10 +114,16 @@ pub fn norm(a: &[f32]) -> f32 {
 }
 
 /// Moves `mine` toward `theirs` by the fraction `t` of the way, shortened
-/// so that the move's norm is at most `bound`. Returns the fraction used.
-pub fn bounded_blend(mine: &mut [f32], theirs: &[f32], t: f32, bound: f32) -> f32 {
-    let d = distance(mine, theirs);
-    let t = if d * t > bound { (bound / d).max(0.0) } else { t };
+/// so that the move's norm is at most `bound` (`None`: not shortened).
+/// Returns the fraction used.
+pub fn bounded_blend(mine: &mut [f32], theirs: &[f32], t: f32, bound: Option<f32>) -> f32 {
+    let t = match bound {
+        Some(b) => {
+            let d = distance(mine, theirs);
+            if d * t > b { (b / d).max(0.0) } else { t }
+        }
+        None => t,
+    };
     if t > 0.0 {
         for (x, y) in mine.iter_mut().zip(theirs) {
             *x += t * (y - *x);
@@ -140,7 +146,7 @@ pub fn anchors_agree(a: &[f32], b: &[f32]) -> bool {
 }
 
 fn close(a: &[f32], b: &[f32], relative: f32) -> bool {
-    a.len() == b.len() && distance(a, b) <= relative * norm(a).max(1e-12)
+    super::anti_entropy::relative_distance(a, b).is_some_and(|d| d <= relative)
 }
 
 /// Which of the states served to a joiner to trust: the one that agrees
@@ -186,14 +192,16 @@ mod tests {
     #[test]
     fn a_blend_never_moves_further_than_its_bound() {
         let mut a = vec![0.0; 4];
-        let t = bounded_blend(&mut a, &[2.0, 0.0, 0.0, 0.0], 0.5, 10.0);
+        let t = bounded_blend(&mut a, &[2.0, 0.0, 0.0, 0.0], 0.5, Some(10.0));
         assert_eq!((t, a[0]), (0.5, 1.0), "a near state is averaged");
         let mut a = vec![0.0; 4];
-        bounded_blend(&mut a, &[1000.0, 0.0, 0.0, 0.0], 0.5, 2.0);
+        bounded_blend(&mut a, &[1000.0, 0.0, 0.0, 0.0], 0.5, Some(2.0));
         assert!((a[0] - 2.0).abs() < 1e-4, "a far one moves us by the bound only: {}", a[0]);
         let mut a = vec![1.0; 4];
-        assert_eq!(bounded_blend(&mut a, &[5.0; 4], 0.5, 0.0), 0.0);
+        assert_eq!(bounded_blend(&mut a, &[5.0; 4], 0.5, Some(0.0)), 0.0);
         assert_eq!(a, vec![1.0; 4], "a zero bound leaves us unchanged");
+        assert_eq!(bounded_blend(&mut a, &[5.0; 4], 0.5, None), 0.5);
+        assert_eq!(a, vec![3.0; 4], "no bound: the plain average");
     }
 
     #[test]
