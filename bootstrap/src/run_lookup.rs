@@ -46,7 +46,13 @@ pub(crate) async fn find_manifest(client: &Client, peers: &[PeerId], run: RunId)
     let asks = peers.iter().take(PEERS_ASKED).map(|&peer| {
         Box::pin(async move {
             match client.request(peer, Message::ManifestRequest(run)).await {
-                Ok(Message::Manifest(bytes)) if Manifest::decode_for_run(&bytes, run).is_ok() => Some(bytes),
+                Ok(Message::Manifest(bytes)) => match Manifest::decode_for_run(&bytes, run) {
+                    Ok(_) => Some(bytes),
+                    Err(e) => {
+                        tracing::warn!("{peer} served a manifest that is not run {run}'s: {e}");
+                        None
+                    }
+                },
                 _ => None,
             }
         })
