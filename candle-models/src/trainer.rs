@@ -87,6 +87,7 @@ pub struct Trainer {
     micro_batch: usize,
     node_seed: u64,
     shard: Shard,
+    lr_scale: f64,
 }
 
 /// Held-out samples evaluated per forward pass.
@@ -149,7 +150,15 @@ impl Trainer {
             micro_batch,
             node_seed: cfg.node_seed,
             shard: cfg.shard,
+            lr_scale: 1.0,
         })
+    }
+
+    /// Scales the manifest's inner learning rate for the phases that follow
+    /// (the engine's schedule: `LocalPhase::lr_scale`). Values outside
+    /// (0, 1] are clamped to it.
+    pub fn set_lr_scale(&mut self, scale: f32) {
+        self.lr_scale = if scale.is_finite() { (scale as f64).clamp(1e-6, 1.0) } else { 1.0 };
     }
 
     /// Number of parameters.
@@ -273,7 +282,7 @@ impl Trainer {
             });
         }
         let p = pull.p.clamp(0.0, 0.99) as f64;
-        let lr_scale = 1.0 / (1.0 - p);
+        let lr_scale = self.lr_scale / (1.0 - p);
         let mut rng = SeededRng::derive(seed, "pull");
         let anchors: Option<Vec<Tensor>> = if p > 0.0 {
             Some(

@@ -117,6 +117,11 @@ pub enum SwarmCommand {
         /// for MLPs and CNNs, 300 for the transformer).
         #[arg(long)]
         probe_steps: Option<u32>,
+        /// The inner learning rate over the run: `plateau` (halve it when
+        /// the swarm's training loss stops falling; the default for local
+        /// steps) or `constant`.
+        #[arg(long, value_parser = ["plateau", "constant"])]
+        inner_lr: Option<String>,
         /// Directory to write manifest.toml (and swarm.key) into.
         #[arg(long)]
         out: PathBuf,

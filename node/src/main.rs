@@ -16,7 +16,7 @@ use ragtag_node::{
     trainer_thread::Pace,
 };
 use ragtag_protocol::{
-    engine::{EngineOverrides, LocalMode, Strategy},
+    engine::{EngineOverrides, LocalMode, Strategy, inner_lr::InnerLr},
     ledger::Vouchers,
     manifest::ModelSpec,
 };
@@ -112,6 +112,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     tick_ms,
                     lr,
                     probe_steps,
+                    inner_lr,
                     out,
                 },
         } => {
@@ -120,7 +121,8 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     "unknown strategy {strategy:?}: use ddp, diloco, diloco-proportional, async, gopals or gopals-async"
                 )
             })?;
-            let overrides = EngineOverrides { h, period_ms: tick_ms, codec, ..EngineOverrides::default() };
+            let inner_lr = inner_lr.map(|s| if s == "constant" { InnerLr::Constant } else { InnerLr::PLATEAU });
+            let overrides = EngineOverrides { h, period_ms: tick_ms, codec, inner_lr, ..EngineOverrides::default() };
             let start_ms = runtime::now().0 / 1000;
             let mut m = manifest_file::new_run(&manifest_file::NewRun {
                 name,

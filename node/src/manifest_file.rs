@@ -166,6 +166,7 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
             ),
         ),
         ("model".to_string(), "the data's default model, or the creator's --model and --hidden".to_string()),
+        ("inner_lr".to_string(), engine.inner_lr.describe()),
     ]);
     let m = Manifest {
         format: Manifest::FORMAT,

@@ -75,6 +75,10 @@ pub struct NodeMetrics {
     pub dial_failures: Counter,
     /// Estimated relative distance to peers' replicas.
     pub consensus_distance: Gauge<f64, AtomicU64>,
+    /// The inner learning rate's scale of the manifest's rate.
+    pub inner_lr_scale: Gauge<f64, AtomicU64>,
+    /// Changes of the inner learning rate, by reason (plateau, spike).
+    pub inner_lr_changes: Family<ReasonLabel, Counter>,
 }
 
 impl NodeMetrics {
@@ -103,7 +107,10 @@ impl NodeMetrics {
             late_updates: Counter::default(),
             dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
+            inner_lr_scale: Gauge::default(),
+            inner_lr_changes: Family::default(),
         };
+        m.inner_lr_scale.set(1.0);
         let r = registry.sub_registry_with_prefix("ragtag");
         r.register("rounds", "Local phases completed", m.rounds.clone());
         r.register("steps", "Inner steps taken", m.steps.clone());
@@ -138,6 +145,16 @@ impl NodeMetrics {
             "consensus_distance",
             "Estimated relative distance to a peer's replica",
             m.consensus_distance.clone(),
+        );
+        r.register(
+            "inner_lr_scale",
+            "The inner learning rate's scale of the manifest's rate",
+            m.inner_lr_scale.clone(),
+        );
+        r.register(
+            "inner_lr_changes",
+            "Changes of the inner learning rate, by reason (plateau, spike)",
+            m.inner_lr_changes.clone(),
         );
         m
     }

@@ -232,6 +232,7 @@ fn serve(
                     last = Instant::now();
                     deadline.is_none_or(|d| Instant::now() + emulated < d)
                 };
+                trainer.set_lr_scale(p.lr_scale);
                 match trainer.run_phase_with(&p.anchor, p.steps, p.mode, p.pull, p.seed, go_on) {
                     Ok(r) => {
                         let compute_s = compute.as_secs_f64();

@@ -15,6 +15,7 @@
 
 pub mod anti_entropy;
 pub mod config;
+pub mod inner_lr;
 mod io;
 pub mod membership;
 pub mod outer;
@@ -167,6 +168,7 @@ pub struct Engine {
     // The replica (shared state).
     anchor: Arc<Vec<f32>>,
     outer: OuterState,
+    inner_lr: inner_lr::InnerLrState,
     version: VersionVector,
     applied: AppliedSet,
     given_up: AppliedSet,
@@ -241,6 +243,7 @@ impl Engine {
         );
         Self {
             outer: OuterState::new(cfg.outer.kind, n),
+            inner_lr: inner_lr::InnerLrState::default(),
             cfg,
             me,
             run_id,
@@ -379,6 +382,11 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// The inner learning rate's scale now (1 = the manifest's rate).
+    pub fn inner_lr_scale(&self) -> f32 {
+        self.inner_lr.scale
     }
 
     /// The round this node trains (or will train next).

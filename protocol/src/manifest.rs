@@ -239,6 +239,7 @@ impl Manifest {
         if strategy != Strategy::Ddp {
             engine.h = 500;
         }
+        let inner_lr = engine.inner_lr.describe();
         Self {
             format: Self::FORMAT,
             name: "builtin-teacher".into(),
@@ -253,6 +254,7 @@ impl Manifest {
                 ("lr".into(), "1e-3: chosen for this built-in task by hand".into()),
                 ("tick".into(), "fixed 2 s: a tiny model runs thousands of steps a second".into()),
                 ("h".into(), "500 inner steps: a tick's worth at this model's speed".into()),
+                ("inner_lr".into(), inner_lr),
             ]),
         }
     }

@@ -135,6 +135,12 @@ pub struct Tally {
     pub anchors_refused: BTreeMap<String, u64>,
     /// Fetches abandoned.
     pub fetches_abandoned: u64,
+    /// Inner learning-rate changes by reason, over all replicas.
+    #[serde(default)]
+    pub inner_lr_changes: BTreeMap<String, u64>,
+    /// The lowest inner learning-rate scale any replica reached.
+    #[serde(default)]
+    pub inner_lr_scale_min: Option<f32>,
 }
 
 impl Tally {

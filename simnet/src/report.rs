@@ -81,6 +81,13 @@ pub struct RunSummary {
     /// Peers' anchors not used, by reason.
     #[serde(default)]
     pub anchors_refused: BTreeMap<String, u64>,
+    /// Inner learning-rate changes by reason, over all replicas.
+    #[serde(default)]
+    pub inner_lr_changes: BTreeMap<String, u64>,
+    /// The lowest inner learning-rate scale any replica reached (none: the
+    /// rate never changed).
+    #[serde(default)]
+    pub inner_lr_scale_min: Option<f32>,
     /// Messages lost in the network.
     pub messages_lost: u64,
     /// Compute available over the run (speed-seconds, straggler episodes removed).
@@ -158,6 +165,8 @@ impl RunSummary {
             dropped: out.tally.dropped.clone(),
             anchors_averaged: out.tally.anchors_averaged,
             anchors_refused: out.tally.anchors_refused.clone(),
+            inner_lr_changes: out.tally.inner_lr_changes.clone(),
+            inner_lr_scale_min: out.tally.inner_lr_scale_min,
             messages_lost: out.messages_lost,
             aggregate_work: out.aggregate_work,
             events: out.events,
@@ -266,5 +275,9 @@ pub fn run_line(s: &RunSummary) -> String {
         s.mean_staleness,
         s.consensus_distance_final
     );
+    if let Some(scale) = s.inner_lr_scale_min {
+        let changes: Vec<String> = s.inner_lr_changes.iter().map(|(why, n)| format!("{n} {why}")).collect();
+        let _ = write!(out, ", inner lr down to {scale} x ({} over all replicas)", changes.join(", "));
+    }
     out
 }

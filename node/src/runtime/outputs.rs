@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ragtag_protocol::{
     Signed,
-    engine::{EngineEvent, Output, trust::StateRefusal},
+    engine::{EngineEvent, Output, inner_lr::LrChange, trust::StateRefusal},
     ids::Hash32,
     ledger::RecordKind,
     wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message},
@@ -149,6 +149,18 @@ impl Node {
             EngineEvent::PeerLeft(p) => tracing::info!("{p:?} left the run ({} live)", self.engine.live_nodes()),
             EngineEvent::FetchAbandoned { id } => tracing::debug!("gave up fetching {id}"),
             EngineEvent::RoundStarted { .. } => {}
+            EngineEvent::InnerLrChanged { scale, change } => {
+                self.metrics.inner_lr_scale.set(scale as f64);
+                self.metrics.inner_lr_changes.get_or_create(&ReasonLabel { reason: change.name().into() }).inc();
+                match change {
+                    LrChange::Spike => tracing::warn!(
+                        "the swarm's training loss spiked: outer momentum dropped, inner learning rate now {scale} x the manifest's"
+                    ),
+                    LrChange::Plateau => tracing::info!(
+                        "the swarm's training loss stopped falling: inner learning rate now {scale} x the manifest's"
+                    ),
+                }
+            }
         }
     }
 

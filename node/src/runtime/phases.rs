@@ -123,6 +123,7 @@ mod tests {
             round,
             anchor: Arc::new(vec![0.0; 4]),
             steps: 10,
+            lr_scale: 1.0,
             mode: LocalMode::Train,
             pull: EngineConfig::preset(Strategy::Gopals).pull,
             seed: 0,

@@ -91,6 +91,7 @@ impl Engine {
             round: self.round,
             last_closed_key: self.last_closed_key,
             pending: self.pending.clone(),
+            inner_lr: self.inner_lr.clone(),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::inner_lr::InnerLr;
 use crate::codec::CodecKind;
 
 /// The strategies we compare side by side (DESIGN.md §2).
@@ -272,6 +273,14 @@ pub struct EngineConfig {
     pub canonical_batches: bool,
     /// Membership timing.
     pub membership: MembershipConfig,
+    /// The inner learning rate over the run (manifests written before it
+    /// existed keep a constant rate).
+    #[serde(default = "constant_inner_lr")]
+    pub inner_lr: InnerLr,
+}
+
+fn constant_inner_lr() -> InnerLr {
+    InnerLr::Constant
 }
 
 impl EngineConfig {
@@ -312,6 +321,7 @@ impl EngineConfig {
                 max_peers: 4_096,
                 startup_ms: 2_000,
             },
+            inner_lr: InnerLr::PLATEAU,
         };
         let no_staleness = StalenessConfig {
             measure: StalenessMeasure::Sender,
@@ -369,6 +379,8 @@ impl EngineConfig {
                 anti_entropy: AntiEntropyConfig { every_rounds: 0, distance_threshold: 1e-3 },
                 codec: CodecKind::F32,
                 error_feedback: false,
+                // Gradient mode has no inner steps: the rate is the outer AdamW's.
+                inner_lr: InnerLr::Constant,
                 ..base
             },
         }
@@ -403,6 +415,7 @@ impl EngineConfig {
         if self.membership.max_peers == 0 || self.membership.peer_timeout_ms == 0 {
             return Err("membership limits must be positive".into());
         }
+        self.inner_lr.validate().map_err(|e| e.to_string())?;
         self.codec.validate()
     }
 }
@@ -459,6 +472,8 @@ pub struct EngineOverrides {
     pub startup_ms: Option<u32>,
     /// Canonical batches on or off.
     pub canonical_batches: Option<bool>,
+    /// Inner learning-rate schedule.
+    pub inner_lr: Option<InnerLr>,
 }
 
 impl EngineOverrides {
@@ -494,6 +509,9 @@ impl EngineOverrides {
             }
             if let Some(v) = self.restart_below {
                 c.outer.restart_below = (v >= -1.0).then_some(v);
+            }
+            if let Some(v) = self.inner_lr {
+                c.inner_lr = v;
             }
         }
         c.h_min = c.h_min.min(c.h);

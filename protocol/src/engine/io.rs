@@ -21,6 +21,9 @@ pub struct LocalPhase {
     pub anchor: Arc<Vec<f32>>,
     /// Inner steps to take.
     pub steps: u32,
+    /// The manifest's inner learning rate is multiplied by this (the
+    /// engine's schedule, [`super::inner_lr`]).
+    pub lr_scale: f32,
     /// Train with inner AdamW, or compute one gradient.
     pub mode: LocalMode,
     /// Pseudo-synchronisation settings for the inner loop.
@@ -130,6 +133,13 @@ pub enum EngineEvent {
         peer: NodeId,
         /// Why.
         reason: super::trust::StateRefusal,
+    },
+    /// The inner learning rate changed.
+    InnerLrChanged {
+        /// The new scale of the manifest's rate.
+        scale: f32,
+        /// Why.
+        change: super::inner_lr::LrChange,
     },
     /// A peer's anchor arrived after either side had applied more updates,
     /// so averaging it would have kept half of those: skipped.

@@ -8,6 +8,7 @@ use super::{
     ANNOUNCE_HELD_BELOW, ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, MAX_AWAITING, MAX_PENDING,
     Output, Pending,
     config::{Schedule, StalenessMeasure},
+    inner_lr::LrChange,
     staleness::staleness_weight,
 };
 use crate::{
@@ -286,7 +287,23 @@ impl Engine {
         if self.outer.close_round(&self.cfg.outer, anchor, n) {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
+            self.close_inner_lr_round();
         }
+    }
+
+    /// Feeds the closed outer round's training losses to the inner-rate
+    /// schedule; a divergence also drops the outer momentum, which carried
+    /// the anchor into it.
+    fn close_inner_lr_round(&mut self) {
+        let Some(change) = self.inner_lr.close_round(&self.cfg.inner_lr) else {
+            return;
+        };
+        if change == LrChange::Spike {
+            self.outer.momentum.iter_mut().for_each(|m| *m = 0.0);
+            self.outer.restarts += 1;
+        }
+        let scale = self.inner_lr.scale;
+        self.event(EngineEvent::InnerLrChanged { scale, change });
     }
 
     /// Applies one update; `group` is the size of its canonical batch group
@@ -313,6 +330,7 @@ impl Engine {
         };
         self.version.increment(a.id.src);
         self.applied.insert(a.id);
+        self.inner_lr.observe(a.loss, a.samples);
         self.stats.applied += 1;
         self.stats.staleness_histogram[(tau as usize).min(7)] += 1;
         if a.id.src != self.me {
@@ -327,6 +345,7 @@ impl Engine {
         if closed {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
+            self.close_inner_lr_round();
         }
     }
 }

@@ -192,6 +192,7 @@ impl Engine {
             round,
             anchor: base,
             steps,
+            lr_scale: self.inner_lr.scale,
             mode: self.cfg.local,
             pull: self.cfg.pull,
             seed,

@@ -33,6 +33,10 @@ pub struct ReplicaState {
     /// a joiner's next batch is the same as ours.
     #[serde(default)]
     pub pending: Vec<super::Pending>,
+    /// The inner learning rate's schedule, so a joiner trains at the
+    /// swarm's rate.
+    #[serde(default)]
+    pub inner_lr: super::inner_lr::InnerLrState,
 }
 
 /// Why a replica state was refused.
@@ -55,6 +59,9 @@ pub enum StateError {
     /// A second moment below zero (its square root would be NaN).
     #[error("state has a negative second moment")]
     NegativeSecondMoment,
+    /// An inner learning-rate schedule the manifest's could not reach.
+    #[error("state's inner learning-rate schedule is out of range")]
+    InnerLr,
 }
 
 impl ReplicaState {
@@ -71,6 +78,9 @@ impl ReplicaState {
         }
         if self.outer.second_moment.iter().any(|v| *v < 0.0) {
             return Err(StateError::NegativeSecondMoment);
+        }
+        if !self.inner_lr.plausible(&cfg.inner_lr) {
+            return Err(StateError::InnerLr);
         }
         for p in &self.pending {
             let payload = crate::codec::Payload::parse(p.announcement.codec, num_params, &p.bytes)
@@ -166,6 +176,7 @@ impl Engine {
         self.round = state.applied.max_round(&self.me).map_or(0, |r| r + 1);
         self.anchor = std::sync::Arc::new(state.anchor);
         self.outer = state.outer;
+        self.inner_lr = state.inner_lr;
         self.version = state.version;
         self.applied = state.applied;
         self.clock = state.clock;

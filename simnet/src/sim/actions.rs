@@ -154,6 +154,10 @@ impl Sim<'_> {
                 *self.tally.anchors_refused.entry(reason.name().to_string()).or_insert(0) += 1
             }
             EngineEvent::FetchAbandoned { .. } => self.tally.fetches_abandoned += 1,
+            EngineEvent::InnerLrChanged { scale, change } => {
+                *self.tally.inner_lr_changes.entry(change.name().to_string()).or_insert(0) += 1;
+                self.tally.inner_lr_scale_min = Some(self.tally.inner_lr_scale_min.map_or(scale, |m| m.min(scale)));
+            }
             _ => {}
         }
     }

@@ -49,6 +49,7 @@ impl Sim<'_> {
                 js.into_iter()
                     .map(|j| {
                         let p = &jobs[j].phase;
+                        trainer.set_lr_scale(p.lr_scale);
                         let r = trainer
                             .run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed)
                             .expect("training on the CPU does not fail on valid input");

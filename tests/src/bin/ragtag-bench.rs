@@ -10,6 +10,7 @@
 use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::Result;
+use clap::Parser;
 use ragtag_protocol::engine::Strategy;
 use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, trainer, transfer, versus_ddp};
 
@@ -18,6 +19,34 @@ static ALLOC: bench::CountingAllocator = bench::CountingAllocator;
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+}
+
+/// Runs the project's benchmarks and rewrites BENCHMARKS.md (or prints a part).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The full run: more repetitions, seeds and longer budgets.
+    #[arg(long, conflicts_with = "quick")]
+    full: bool,
+    /// The quick run (the default).
+    #[arg(long)]
+    quick: bool,
+    /// Only these benchmarks, comma-separated (apply, ledger, transfer,
+    /// soak, trainer, simnet, versus-ddp); prints instead of writing.
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
+    /// Print the sections instead of rewriting BENCHMARKS.md.
+    #[arg(long)]
+    print: bool,
+    /// Soak length in seconds (default: 600 full, 120 quick).
+    #[arg(long)]
+    soak_seconds: Option<u64>,
+    /// The node binary versus-ddp runs (default: target/release/ragtag).
+    #[arg(long)]
+    ragtag: Option<PathBuf>,
+    /// Each versus-ddp run's budget in seconds (default: 300 full, 180 quick).
+    #[arg(long)]
+    ddp_seconds: Option<f64>,
 }
 
 fn main() -> Result<()> {
@@ -29,13 +58,9 @@ fn main() -> Result<()> {
             std::env::set_var("RAYON_NUM_THREADS", n.to_string())
         };
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let full = args.iter().any(|a| a == "--full");
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.split(',').map(String::from).collect());
+    let args = Args::parse();
+    let full = args.full;
+    let only = args.only.clone();
     let wants = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let repo = repo_root();
     let out_dir = repo.join("target/bench-out");
@@ -89,11 +114,7 @@ fn main() -> Result<()> {
     if wants("soak") {
         let ragtag = repo.join("target/release/ragtag");
         // `--soak-seconds N` runs longer, to see where memory levels off.
-        let seconds = args
-            .iter()
-            .position(|a| a == "--soak-seconds")
-            .and_then(|i| args.get(i + 1)?.parse().ok())
-            .unwrap_or(if full { 600 } else { 120 });
+        let seconds = args.soak_seconds.unwrap_or(if full { 600 } else { 120 });
         let f = soak::run(&ragtag, 16, seconds);
         section(
             &format!("Soak: 16 processes for {seconds} s"),
@@ -158,18 +179,10 @@ fn main() -> Result<()> {
     }
     if wants("versus-ddp") {
         // `--ragtag PATH`: the node binary (default: the release build).
-        let ragtag = args
-            .iter()
-            .position(|a| a == "--ragtag")
-            .and_then(|i| args.get(i + 1))
-            .map_or_else(|| repo.join("target/release/ragtag"), PathBuf::from);
+        let ragtag = args.ragtag.clone().unwrap_or_else(|| repo.join("target/release/ragtag"));
         let ragtag = std::fs::canonicalize(&ragtag).unwrap_or(ragtag);
         // `--ddp-seconds N`: each run's budget.
-        let seconds = args
-            .iter()
-            .position(|a| a == "--ddp-seconds")
-            .and_then(|i| args.get(i + 1)?.parse().ok())
-            .unwrap_or(if full { 300.0 } else { 180.0 });
+        let seconds = args.ddp_seconds.unwrap_or(if full { 300.0 } else { 180.0 });
         let lrs: &[f64] = if full { &[3e-4, 1e-3, 3e-3] } else { &[1e-3] };
         let f = versus_ddp::run(&repo, &ragtag, seconds, lrs, &out_dir.join("versus-ddp"))?;
         section(
@@ -190,7 +203,7 @@ fn main() -> Result<()> {
         "## GPU\n\nNo CUDA GPU on this machine: the CUDA training step and its PyTorch comparison were not measured.\n"
     );
     let path = repo.join("BENCHMARKS.md");
-    if only.is_some() || args.iter().any(|a| a == "--print") {
+    if only.is_some() || args.print {
         println!("{md}");
     } else {
         std::fs::write(&path, &md)?;
