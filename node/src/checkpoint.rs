@@ -15,6 +15,18 @@ pub const ENGINE_FILE: &str = "engine.ckpt";
 /// File of the trainer checkpoint.
 pub const TRAINER_FILE: &str = "trainer.safetensors";
 
+/// The checkpoint format this build writes and reads (2: the replica state
+/// carries the inner learning-rate schedule).
+pub const FORMAT: u32 = 2;
+
+/// The fields every format starts with, so a checkpoint of another format
+/// is told apart from a damaged file.
+#[derive(Deserialize)]
+struct Header {
+    format: u32,
+    run_id: RunId,
+}
+
 #[derive(Serialize, Deserialize)]
 struct NodeCheckpoint {
     format: u32,
@@ -32,6 +44,18 @@ pub enum CheckpointError {
     /// The file does not decode.
     #[error("{0}: not a ragtag checkpoint: {1}")]
     Malformed(PathBuf, String),
+    /// Written by a ragtag build with another checkpoint format.
+    #[error(
+        "{path}: checkpoint format {found}, this build reads {expected}: move it away (the node then joins from the swarm's state) or use another --state directory"
+    )]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// The format this build reads.
+        expected: u32,
+        /// The format found.
+        found: u32,
+    },
     /// The checkpoint belongs to another run.
     #[error("{path}: checkpoint of run {found}, this node runs {expected}; use another --state directory")]
     WrongRun {
@@ -63,7 +87,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 /// Saves the engine checkpoint into `dir`.
 pub fn save_engine(dir: &Path, run_id: RunId, saved_ms: u64, engine: &EngineCheckpoint) -> Result<(), CheckpointError> {
     let path = dir.join(ENGINE_FILE);
-    let c = NodeCheckpoint { format: 1, run_id, saved_ms, engine: engine.clone() };
+    let c = NodeCheckpoint { format: FORMAT, run_id, saved_ms, engine: engine.clone() };
     let bytes = postcard::to_allocvec(&c).map_err(|e| CheckpointError::Malformed(path.clone(), e.to_string()))?;
     write_atomic(&path, &bytes)
 }
@@ -76,11 +100,15 @@ pub fn load_engine(dir: &Path, run_id: RunId) -> Result<Option<EngineCheckpoint>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(CheckpointError::Io(path, e)),
     };
-    let c: NodeCheckpoint =
-        postcard::from_bytes(&bytes).map_err(|e| CheckpointError::Malformed(path.clone(), e.to_string()))?;
-    if c.run_id != run_id {
-        return Err(CheckpointError::WrongRun { path, expected: run_id, found: c.run_id });
+    let malformed = |e: postcard::Error| CheckpointError::Malformed(path.clone(), e.to_string());
+    let (header, _) = postcard::take_from_bytes::<Header>(&bytes).map_err(malformed)?;
+    if header.format != FORMAT {
+        return Err(CheckpointError::Format { path, expected: FORMAT, found: header.format });
     }
+    if header.run_id != run_id {
+        return Err(CheckpointError::WrongRun { path, expected: run_id, found: header.run_id });
+    }
+    let c: NodeCheckpoint = postcard::from_bytes(&bytes).map_err(malformed)?;
     Ok(Some(c.engine))
 }
 
@@ -113,6 +141,14 @@ mod tests {
         assert_eq!(load_engine(dir.path(), run).unwrap().unwrap(), e.checkpoint());
         let other = RunId(Hash32([2; 32]));
         assert!(matches!(load_engine(dir.path(), other), Err(CheckpointError::WrongRun { .. })));
+        // Another build's format: told apart from damage, before the run.
+        let mut old = postcard::to_allocvec(&(1u32, other)).unwrap();
+        old.extend_from_slice(b"whatever that format held");
+        std::fs::write(dir.path().join(ENGINE_FILE), old).unwrap();
+        assert!(matches!(
+            load_engine(dir.path(), run),
+            Err(CheckpointError::Format { expected: FORMAT, found: 1, .. })
+        ));
         std::fs::write(dir.path().join(ENGINE_FILE), b"junk").unwrap();
         assert!(matches!(load_engine(dir.path(), run), Err(CheckpointError::Malformed(..))));
     }

@@ -639,6 +639,7 @@ impl Node {
             data: self.trainer.info.data.clone(),
             eval_history: self.peer_table.evals(),
             credit: self.credit.map(|(c, _)| c),
+            inner_lr_scale: self.engine.inner_lr_scale(),
             peers,
             bytes_out_per_s,
             bytes_in_per_s,

@@ -92,6 +92,14 @@ pub struct Status {
     /// voucher (see `ragtag ledger summary`), recomputed every 30 s.
     #[serde(default)]
     pub credit: Option<f64>,
+    /// The inner learning rate's scale of the manifest's rate (the engine
+    /// lowers it when the swarm's loss stops falling).
+    #[serde(default = "one")]
+    pub inner_lr_scale: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// One peer, as this node sees it.
@@ -132,7 +140,7 @@ impl Status {
              run      {} ({}, {})\n\
              device   {} at {:.1} steps/s, utilisation {:.0}%\n\
              network  {} peers connected, {} live nodes, {}, {} out / {} in\n\
-             training round {}, {} outer rounds, {} updates applied, train loss {}, held-out loss {} (accuracy {})\n\
+             training round {}, {} outer rounds, {} updates applied, train loss {}, held-out loss {} (accuracy {}), inner lr x{}\n\
              rejected {}\n\
              ledger   {} records\n\
              listen   {}",
@@ -156,6 +164,7 @@ impl Status {
             loss(self.train_loss),
             loss(self.eval_loss),
             loss(self.eval_accuracy),
+            self.inner_lr_scale,
             rejected,
             self.ledger_records,
             self.listen_addrs.join(" "),

@@ -110,6 +110,7 @@ pub fn html(s: &Status) -> String {
     row(&mut out, "updates applied", &s.applied.to_string());
     row(&mut out, "train loss", &opt(s.train_loss.map(|v| format!("{v:.4}"))));
     row(&mut out, "held-out loss", &opt(s.eval_loss.map(|v| format!("{v:.4}"))));
+    row(&mut out, "inner learning rate", &format!("{} x the manifest's", s.inner_lr_scale));
     row(&mut out, "credit", &opt(s.credit.map(|c| format!("{c:.0} (samples x applied weight, k = 1)"))));
     row(&mut out, "ledger records", &s.ledger_records.to_string());
     row(&mut out, "uptime", &format!("{:.0} s", s.uptime_s));

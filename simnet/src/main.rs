@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use ragtag_protocol::engine::Strategy;
+use ragtag_protocol::engine::{Strategy, inner_lr::InnerLr};
 use ragtag_simnet::{
     ablation::{self, LateUpdates, ablate_staleness},
     compare::{compare, summarize, table, write_all},
@@ -43,6 +43,14 @@ enum Command {
         /// Print the JSON summary on stdout (and no progress bar).
         #[arg(long)]
         json: bool,
+        /// Run the scenario's whole duration instead of stopping soon
+        /// after its target (to see where the loss goes next).
+        #[arg(long)]
+        whole: bool,
+        /// The inner learning rate over the run: `plateau` (the local-SGD
+        /// presets' default) or `constant` (for ablation).
+        #[arg(long, value_parser = ["plateau", "constant"])]
+        inner_lr: Option<String>,
     },
     /// Run a scenario with real `ragtag` processes (loopback, or network
     /// namespaces with --netem) and write the same report as virtual mode.
@@ -152,8 +160,14 @@ fn main() -> Result<()> {
                 println!("{name:<14} {:>5} nodes  {}", s.node_count(), s.description);
             }
         }
-        Command::Run { scenario, strategy, seed, out, json } => {
-            let s = Scenario::load(&scenario)?;
+        Command::Run { scenario, strategy, seed, out, json, whole, inner_lr } => {
+            let mut s = Scenario::load(&scenario)?;
+            if whole {
+                s.after_target_s = s.duration_s;
+            }
+            if let Some(v) = inner_lr {
+                s.engine.inner_lr = Some(if v == "constant" { InnerLr::Constant } else { InnerLr::PLATEAU });
+            }
             let wall = std::time::Instant::now();
             let output = run(&s, &RunOptions { strategy, seed, progress: !json, ddp_lr: None })?;
             let summary = RunSummary::new(&s, &output);

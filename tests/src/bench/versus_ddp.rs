@@ -129,6 +129,12 @@ pub fn ragtag_swarm(
     duration_s: f64,
     dir: &Path,
 ) -> anyhow::Result<Curve> {
+    // Every run starts from nothing: a node resumes from a state directory
+    // it finds, and one left by an earlier run belongs to another.
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
     let launched = Instant::now();
     let args = |i: usize, bootstrap: Option<&str>| {
         let mut a: Vec<String> = [
@@ -185,6 +191,7 @@ pub fn ragtag_swarm(
         std::thread::sleep(Duration::from_millis(50));
     }
     curve.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    anyhow::ensure!(!curve.points.is_empty(), "node 0 reported no evaluation; its log:\n{}", nodes[0].0.stderr());
     Ok(curve)
 }
 
@@ -267,36 +274,46 @@ pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path)
     single.write_csv(&out.join("single.csv"))?;
     let (lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
     let mut figures = Vec::new();
-    let context = format!(
-        "target {} (floor {:.3}); ragtag's inner rate {lr_ragtag} (probed by swarm new); DDP's best rate {lr} of {lrs:?}; {duration_s} s budget",
-        task.target, task.floor
-    );
-    match (swarm.time_to(task.target), ddp.time_to(task.target)) {
-        (Some((ts, ss)), Some((td, sd))) => {
-            figures.push(
-                Figure::new(section, "ragtag swarm time to target / PyTorch DDP's (goal <= 0.5)", ts / td, "")
+    // The run's target, and the easier one on the way (where a constant
+    // inner rate left the swarm's plateau: BENCHMARKS.md).
+    for target in [task.target, EASIER_TARGET] {
+        let context = format!(
+            "target {target} (floor {:.3}); ragtag's inner rate {lr_ragtag} (probed by swarm new); DDP's best rate {lr} of {lrs:?}; {duration_s} s budget",
+            task.floor
+        );
+        match (swarm.time_to(target), ddp.time_to(target)) {
+            (Some((ts, ss)), Some((td, sd))) => {
+                figures.push(
+                    Figure::new(
+                        section,
+                        &format!("ragtag swarm time to {target} / PyTorch DDP's (goal <= 0.5)"),
+                        ts / td,
+                        "",
+                    )
                     .with_note(format!("ragtag {ts:.1} s, DDP {td:.1} s; {context}")),
-            );
-            figures.push(
-                Figure::new(
-                    section,
-                    "ragtag swarm samples to target / PyTorch DDP's (goal <= 1.2)",
-                    ss as f64 / sd as f64,
-                    "",
-                )
-                .with_note(format!("ragtag {ss}, DDP {sd}")),
-            );
-        }
-        (s, d) => {
-            // Not both reached it: no ratio, each system's best instead.
-            let reached =
-                |x: Option<(f64, u64)>| x.map_or("missed the target".into(), |x| format!("target at {:.1} s", x.0));
-            for (name, curve, r) in [("ragtag swarm", &swarm, s), ("PyTorch DDP", &ddp, d)] {
-                if let Some(b) = curve.best() {
-                    figures.push(
-                        Figure::new(section, &format!("{name} best held-out loss"), b, "")
-                            .with_note(format!("{}; {context}", reached(r))),
-                    );
+                );
+                figures.push(
+                    Figure::new(
+                        section,
+                        &format!("ragtag swarm samples to {target} / PyTorch DDP's (goal <= 1.2)"),
+                        ss as f64 / sd as f64,
+                        "",
+                    )
+                    .with_note(format!("ragtag {ss}, DDP {sd}")),
+                );
+            }
+            (s, d) => {
+                // Not both reached it: no ratio, each system's best instead.
+                let reached = |x: Option<(f64, u64)>| {
+                    x.map_or(format!("missed {target}"), |x| format!("{target} at {:.1} s", x.0))
+                };
+                for (name, curve, r) in [("ragtag swarm", &swarm, s), ("PyTorch DDP", &ddp, d)] {
+                    if let Some(b) = curve.best() {
+                        figures.push(
+                            Figure::new(section, &format!("{name} best held-out loss"), b, "")
+                                .with_note(format!("{}; {context}", reached(r))),
+                        );
+                    }
                 }
             }
         }
@@ -313,5 +330,9 @@ pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path)
 }
 
 /// The held-out loss to reach: below what one node reaches in the budget
-/// (measured, see BENCHMARKS.md), above the task's floor.
-pub const TARGET: f64 = 0.65;
+/// (measured, see BENCHMARKS.md), above the task's floor (0.533). DDP's
+/// script stops there, so the easier target is read on the way.
+pub const TARGET: f64 = 0.62;
+
+/// Where a constant inner rate left the swarm's plateau (BENCHMARKS.md).
+pub const EASIER_TARGET: f64 = 0.65;
