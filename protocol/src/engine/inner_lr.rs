@@ -188,6 +188,11 @@ impl InnerLrState {
             self.spiking += 1;
             if self.spiking >= 2 {
                 self.lower(factor, min_scale);
+                // Readings start again from where the loss is now: a best
+                // that cannot be reached again (a diverged run's, or a
+                // forged one in a served state) would count every round
+                // after as a spike.
+                self.best = None;
                 return Some(LrChange::Spike);
             }
             // A lone spike stays out of the readings.
@@ -285,6 +290,17 @@ mod tests {
         assert_eq!(round(&mut s, 5.0), None);
         assert_eq!(round(&mut s, 5.0), Some(LrChange::Spike));
         assert_eq!(s.scale, 0.5);
+        // The loss stays at its new level: no spike after spike.
+        for r in 0..12 {
+            assert_ne!(round(&mut s, 5.0), Some(LrChange::Spike), "round {r}");
+        }
+    }
+
+    #[test]
+    fn a_forged_best_reading_costs_at_most_one_spike() {
+        let mut s = InnerLrState { best: Some(0.0), ..InnerLrState::default() };
+        let changes: Vec<LrChange> = (0..40).filter_map(|_| round(&mut s, 1.0)).collect();
+        assert_eq!(changes.iter().filter(|c| **c == LrChange::Spike).count(), 1, "{changes:?}");
     }
 
     #[test]
