@@ -12,9 +12,10 @@ use std::{
 
 use proptest::prelude::{ProptestConfig, prop_assert, proptest};
 
-use super::{inner_lr::InnerLr, *};
+use super::*;
 use crate::{codec::CodecKind, identity::Keypair, ids::Hash32};
 
+mod inner_lr;
 mod late_updates;
 
 const DIM: usize = 16;
@@ -695,59 +696,4 @@ proptest! {
             last_total = total;
         }
     }
-}
-
-/// Once the reported losses stop falling the plateau schedule lowers the
-/// inner rate, every replica that applied the same batches alike, and the
-/// swarm still converges at the lower rate. (Whether a lower rate helps is
-/// a question of gradient noise, which this toy lacks: the simulator over
-/// the real trainer measures it.)
-#[test]
-fn a_plateau_lowers_the_inner_rate_alike_on_every_replica() {
-    let speeds = [1.0, 1.0, 2.0, 4.0];
-    let opt = global_optimum(speeds.len());
-    let run = |inner_lr| {
-        let mut cfg = EngineConfig::preset(Strategy::Gopals);
-        (cfg.h, cfg.h_min, cfg.inner_lr) = (20, 2, inner_lr);
-        let mut h = Harness::new(cfg, &speeds, 4);
-        let start = h.distance_to(0, &opt);
-        h.run_until(Micros::from_secs_f64(400.0));
-        (h, start)
-    };
-    let (constant, _) = run(InnerLr::Constant);
-    let (plateau, start) = run(InnerLr::PLATEAU);
-    assert_eq!(constant.engines[0].inner_lr_scale(), 1.0);
-    let scale = plateau.engines[0].inner_lr_scale();
-    assert!(scale < 0.5, "scale {scale}");
-    let mut agreeing = 0;
-    for e in &plateau.engines[1..] {
-        if e.version() == plateau.engines[0].version() {
-            assert_eq!(e.inner_lr_scale(), scale);
-            agreeing += 1;
-        }
-    }
-    assert!(agreeing > 0, "no replica had applied the same updates");
-    for k in 0..speeds.len() {
-        let d = plateau.distance_to(k, &opt);
-        assert!(d < 0.1 * start, "node {k} distance {d} (start {start})");
-    }
-}
-
-/// Two rounds whose reported loss doubles the best reading: the rate falls
-/// and the outer momentum that carried the anchor there is dropped.
-#[test]
-fn a_loss_spike_drops_the_outer_momentum_and_the_rate() {
-    let cfg = lossless(EngineConfig::preset(Strategy::Gopals));
-    let mut updates = random_updates(&cfg, 3 * 10, 8);
-    for (a, _) in &mut updates {
-        a.loss = if a.id.round < 8 { 1.0 } else { 5.0 };
-    }
-    let order: Vec<usize> = (0..updates.len()).collect();
-    let e = engine_after(cfg, &order[..3 * 9], &updates);
-    assert_eq!(e.inner_lr_scale(), 1.0, "one spiking round is not a divergence");
-    assert!(e.outer.momentum.iter().any(|m| *m != 0.0));
-    let e = engine_after(cfg, &order, &updates);
-    assert_eq!(e.inner_lr_scale(), 0.5);
-    assert!(e.outer.momentum.iter().all(|m| *m == 0.0));
-    assert_eq!(e.replica_state().inner_lr.changes, 1);
 }
