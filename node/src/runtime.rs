@@ -8,6 +8,7 @@ mod outputs;
 mod peer_table;
 mod phases;
 pub mod startup;
+mod startup_inbox;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -247,6 +248,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     let settle = tokio::time::sleep(if opts.net.bootstrap.is_empty() { Duration::from_millis(300) } else { SETTLE });
     tokio::pin!(settle);
     let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
+    let mut inbox = startup_inbox::StartupInbox::default();
     loop {
         tokio::select! {
             _ = &mut settle => break,
@@ -261,7 +263,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
                     if want.is_subset(&connected) { break; }
                 }
                 net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
-                _ => {}
+                other => inbox.take(&net, other).await,
             }
         }
     }
@@ -282,18 +284,27 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     // The engine: resumed, joined or fresh.
     let seed = manifest.seed ^ node_seed;
     let peers: Vec<PeerId> = connected.iter().copied().collect();
-    let (mut engine, origin) = startup::engine(startup::EngineSetup {
-        manifest: &manifest,
-        key: &opts.key,
-        state: &opts.state,
-        initial: trainer.info.initial.clone(),
-        speed: trainer.info.steps_per_s,
-        seed,
-        peers,
-        net: &net,
-        refused: &metrics.state_refused,
-    })
-    .await?;
+    // Peers keep asking while we fetch: answer them, keep the rest.
+    let (mut engine, origin) = {
+        let setup = startup::engine(startup::EngineSetup {
+            manifest: &manifest,
+            key: &opts.key,
+            state: &opts.state,
+            initial: trainer.info.initial.clone(),
+            speed: trainer.info.steps_per_s,
+            seed,
+            peers,
+            net: &net,
+            refused: &metrics.state_refused,
+        });
+        tokio::pin!(setup);
+        loop {
+            tokio::select! {
+                r = &mut setup => break r?,
+                Some(ev) = net_events.recv() => inbox.take(&net, ev).await,
+            }
+        }
+    };
     if origin == startup::Origin::Resumed {
         let path = opts.state.join(checkpoint::TRAINER_FILE);
         if path.exists() {
@@ -345,6 +356,9 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     };
     node.engine.handle(now(), Input::Start);
     node.drain().await;
+    for ev in inbox.into_events() {
+        node.on_net_event(ev).await;
+    }
 
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // Streams made once: a future made per loop turn (`ctrl_c()`) misses a

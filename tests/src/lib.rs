@@ -238,6 +238,25 @@ pub fn node(dir: &Path, args: &[&str]) -> Proc {
     Proc::spawn(&bin("ragtag"), &all, dir)
 }
 
+/// Whether the network-namespace lab can run here (root, iproute2 and, when
+/// `tools` names them, e.g. `nft`, those commands). Elsewhere the caller
+/// skips with a message, but under CI (`CI=true`, which runs as root and
+/// installs them) a skip fails the test: a root-only test must not pass by
+/// not running.
+pub fn lab_available(tools: &[&str]) -> bool {
+    let missing: Vec<&str> =
+        tools.iter().copied().filter(|t| Command::new(t).arg("--version").output().is_err()).collect();
+    let ok = netns::Lab::available() && missing.is_empty();
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run the network-namespace tests: needs root, iproute2 and {missing:?}"
+        );
+        eprintln!("SKIPPED: needs root, iproute2 and {missing:?} (CI installs them and runs as root)");
+    }
+    ok
+}
+
 /// Starts `ragtag run` inside host `i` of a namespace lab.
 pub fn node_in(lab: &netns::Lab, i: usize, dir: &Path, args: &[&str]) -> Proc {
     let mut all: Vec<String> = lab.wrap(i);

@@ -5,14 +5,13 @@
 
 use std::time::Duration;
 
-use ragtag_tests::{Proc, bin, netns::Lab, node_in};
+use ragtag_tests::{Proc, bin, lab_available, netns::Lab, node_in};
 
 const T: Duration = Duration::from_secs(150);
 
 #[test]
 fn a_node_behind_nat_is_reached_through_the_relay() {
-    if !Lab::available() || std::process::Command::new("nft").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: needs root, iproute2 and nftables (CI installs them and runs as root)");
+    if !lab_available(&["nft"]) {
         return;
     }
     let lab = Lab::new("nat", 4, 3).expect("namespaces");

@@ -19,10 +19,7 @@ const REPAIRED_BY: f64 = 60.0;
 
 #[test]
 fn a_healed_partition_reconverges_without_double_application() {
-    if !Lab::available() {
-        eprintln!(
-            "SKIPPED: cannot create network namespaces here (needs root and iproute2); CI runs this test as root"
-        );
+    if !ragtag_tests::lab_available(&[]) {
         return;
     }
     let lab = Lab::new("part", 4, 1).expect("namespaces");
