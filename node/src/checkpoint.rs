@@ -16,8 +16,9 @@ pub const ENGINE_FILE: &str = "engine.ckpt";
 pub const TRAINER_FILE: &str = "trainer.safetensors";
 
 /// The checkpoint format this build writes and reads (2: the replica state
-/// carries the inner learning-rate schedule).
-pub const FORMAT: u32 = 2;
+/// carries the inner learning-rate schedule; 3: the schedule's open round
+/// keeps its loss reports for a robust mean).
+pub const FORMAT: u32 = 3;
 
 /// The fields every format starts with, so a checkpoint of another format
 /// is told apart from a damaged file.

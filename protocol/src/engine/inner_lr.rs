@@ -138,10 +138,10 @@ pub struct InnerLrState {
     since_best: u32,
     /// Consecutive rounds above the spike line.
     spiking: u32,
-    /// Loss-weighted samples of the round being collected.
-    open_loss: f64,
-    /// Samples of the round being collected.
-    open_samples: u64,
+    /// Reported `(loss, samples)` of the round being collected, one per
+    /// applied update: the round reads as their capped and clipped mean (see
+    /// [`robust_mean`]), so one peer's forged report cannot decide it.
+    open: Vec<(f32, u64)>,
     /// Times the scale changed.
     pub changes: u32,
 }
@@ -154,8 +154,7 @@ impl Default for InnerLrState {
             best: None,
             since_best: 0,
             spiking: 0,
-            open_loss: 0.0,
-            open_samples: 0,
+            open: Vec::new(),
             changes: 0,
         }
     }
@@ -163,13 +162,47 @@ impl Default for InnerLrState {
 
 /// Most rounds kept for one reading, whatever a manifest asks.
 const MAX_WINDOW: usize = 256;
+/// Most loss reports kept for one round (a round applies one update per
+/// peer, so this bounds memory, not swarms we expect).
+const MAX_OPEN: usize = 4096;
+
+/// A round's reading: the samples-weighted mean of its `(loss, samples)`
+/// reports, each weight capped at the median claimed samples and each loss
+/// clipped to within a factor `spread` of the weighted median. Both are the
+/// sender's word: capped and clipped, one forged report (an absurd loss, a
+/// billion samples) moves the reading by a bounded share instead of
+/// deciding it, while honest rounds read as their plain weighted mean.
+/// `None` when empty. The result does not depend on arrival order.
+fn robust_mean(reports: &mut [(f32, u64)], spread: f32) -> Option<f32> {
+    if reports.is_empty() {
+        return None;
+    }
+    reports.sort_by_key(|r| r.1);
+    let cap = reports[reports.len() / 2].1;
+    reports.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let weight = |r: &(f32, u64)| r.1.min(cap) as f64;
+    let total: f64 = reports.iter().map(weight).sum();
+    let mut below = 0.0;
+    let median = reports
+        .iter()
+        .find(|r| {
+            below += weight(r);
+            2.0 * below >= total
+        })
+        .map_or(reports[reports.len() - 1].0, |r| r.0);
+    let spread = spread.max(1.0);
+    let (lo, hi) = (median / spread, median * spread);
+    let sum: f64 = reports.iter().map(|r| weight(r) * r.0.clamp(lo, hi) as f64).sum();
+    Some((sum / total) as f32)
+}
 
 impl InnerLrState {
-    /// Counts an applied update's reported training loss into the open round.
+    /// Counts an applied update's reported training loss into the open
+    /// round (an update that trained on no samples reports nothing). The
+    /// sample count is not a weight: it is the sender's word, like the loss.
     pub fn observe(&mut self, loss: f32, samples: u64) {
-        if loss.is_finite() && loss >= 0.0 && samples > 0 {
-            self.open_loss += loss as f64 * samples as f64;
-            self.open_samples += samples;
+        if loss.is_finite() && loss >= 0.0 && samples > 0 && self.open.len() < MAX_OPEN {
+            self.open.push((loss, samples));
         }
     }
 
@@ -178,11 +211,8 @@ impl InnerLrState {
         let InnerLr::Plateau { window, patience, threshold, factor, min_scale, spike } = *schedule else {
             return None;
         };
-        if self.open_samples == 0 {
-            return None;
-        }
-        let loss = (self.open_loss / self.open_samples as f64) as f32;
-        (self.open_loss, self.open_samples) = (0.0, 0);
+        let loss = robust_mean(&mut self.open, spike)?;
+        self.open.clear();
         let window = (window as usize).min(MAX_WINDOW);
         if self.best.is_some_and(|best| loss > spike * best) {
             self.spiking += 1;
@@ -242,8 +272,8 @@ impl InnerLrState {
             && self.recent.len() <= MAX_WINDOW
             && self.recent.iter().all(|l| finite(*l))
             && self.best.is_none_or(finite)
-            && self.open_loss.is_finite()
-            && self.open_loss >= 0.0
+            && self.open.len() <= MAX_OPEN
+            && self.open.iter().all(|(l, _)| finite(*l))
     }
 }
 
@@ -301,6 +331,42 @@ mod tests {
         let mut s = InnerLrState { best: Some(0.0), ..InnerLrState::default() };
         let changes: Vec<LrChange> = (0..40).filter_map(|_| round(&mut s, 1.0)).collect();
         assert_eq!(changes.iter().filter(|c| **c == LrChange::Spike).count(), 1, "{changes:?}");
+    }
+
+    /// A peer that reports an absurd loss or none (and claims a billion
+    /// samples to weigh it) every round, beside two honest reports: its
+    /// weight is capped at the median claim and its loss clipped to within 2x
+    /// of the median, so the divergence guard never fires and every reading
+    /// stays within half again of the honest one (here 0.79x to 1.43x; a
+    /// sample-weighted mean would have read 1e30 and spiked).
+    #[test]
+    fn one_forged_report_in_three_moves_a_round_by_a_bounded_share() {
+        let (mut honest, mut attacked) = (InnerLrState::default(), InnerLrState::default());
+        for r in 0..40 {
+            let loss = 2.0 / (1.0 + r as f32 * 0.01);
+            honest.observe(loss, 100);
+            honest.observe(loss, 300);
+            attacked.observe(loss, 100);
+            attacked.observe(loss, 300);
+            attacked.observe(if r % 2 == 0 { 1e30 } else { 0.0 }, 1_000_000_000);
+            honest.close_round(&SCHEDULE);
+            assert_ne!(attacked.close_round(&SCHEDULE), Some(LrChange::Spike), "round {r}");
+            if let (Some(h), Some(a)) = (honest.recent.back(), attacked.recent.back()) {
+                assert!((0.75..=1.5).contains(&(a / h)), "round {r}: {a} against {h}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_round_reads_as_its_capped_and_clipped_mean() {
+        assert_eq!(robust_mean(&mut [], 2.0), None);
+        // Honest rounds: the plain weighted mean.
+        assert_eq!(robust_mean(&mut [(1.0, 3), (2.0, 1)], 2.0), Some(1.25));
+        assert_eq!(robust_mean(&mut [(1.0, 1), (1.5, 1), (1.2, 1)], 2.0), Some(1.2333334));
+        // A forged report: its weight capped at the median claim (2), its
+        // loss clipped to twice the weighted median (1.0).
+        let r = robust_mean(&mut [(1e30, u64::MAX), (1.0, 2), (1.0, 2), (1.0, 1)], 2.0).unwrap();
+        assert!((r - 9.0 / 7.0).abs() < 1e-6, "{r}");
     }
 
     #[test]

@@ -133,9 +133,12 @@ pub fn bounded_blend(mine: &mut [f32], theirs: &[f32], t: f32, bound: Option<f32
 }
 
 /// Whether two replica states served to a joiner describe the same replica
-/// (see [`vouched_state`]).
+/// (see [`vouched_state`]). The inner-rate scale must match exactly:
+/// replicas that applied the same rounds hold the same one, and a copied
+/// anchor with a forged scale would otherwise carry the floor rate in.
 pub fn states_agree(a: &ReplicaState, b: &ReplicaState) -> bool {
-    anchors_agree(&a.anchor, &b.anchor)
+    a.inner_lr.scale == b.inner_lr.scale
+        && anchors_agree(&a.anchor, &b.anchor)
         && (a.outer.momentum.is_empty() || close(&a.outer.momentum, &b.outer.momentum, JOIN_MOMENTUM_AGREEMENT))
 }
 
@@ -229,5 +232,8 @@ mod tests {
         assert_eq!(vouched_state(&[&poisoned, &twin, &honest, &close, &honest]), Ok(2), "the larger camp");
         let pushy = state(1.0, 50.0);
         assert_eq!(vouched_state(&[&pushy, &honest, &close]), Ok(1), "the honest anchor with a poisoned momentum");
+        let mut slowed = honest.clone();
+        slowed.inner_lr.scale = 1.0 / 32.0;
+        assert_eq!(vouched_state(&[&slowed, &honest, &close]), Ok(1), "the honest anchor with a forged rate");
     }
 }

@@ -57,3 +57,23 @@ fn a_loss_spike_drops_the_outer_momentum_and_the_rate() {
     assert!(e.outer.momentum.iter().all(|m| *m == 0.0));
     assert_eq!(e.replica_state().inner_lr.changes, 1);
 }
+
+/// The spike test's updates with only one peer of three reporting the
+/// spike (from round 8 on, with a forged sample count): a round reads as
+/// its median report, so neither the rate nor the momentum moves.
+#[test]
+fn one_peer_reporting_a_spike_moves_nothing() {
+    let cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+    let mut updates = random_updates(&cfg, 3 * 10, 8);
+    for (i, (a, _)) in updates.iter_mut().enumerate() {
+        a.loss = 1.0;
+        if i % 3 == 2 && a.id.round >= 8 {
+            (a.loss, a.samples) = (1e30, 1 << 40);
+        }
+    }
+    let order: Vec<usize> = (0..updates.len()).collect();
+    let e = engine_after(cfg, &order, &updates);
+    assert_eq!(e.inner_lr_scale(), 1.0);
+    assert!(e.outer.momentum.iter().any(|m| *m != 0.0));
+    assert_eq!(e.replica_state().inner_lr.changes, 0);
+}
