@@ -32,7 +32,8 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these benchmarks, comma-separated (apply, ledger, transfer,
-    /// soak, trainer, simnet, versus-ddp); prints instead of writing.
+    /// soak, trainer, simnet, versus-ddp; task-data only writes the
+    /// generated files tests/tasks/*.toml read); prints instead of writing.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
     /// Print the sections instead of rewriting BENCHMARKS.md.
@@ -176,6 +177,12 @@ fn main() -> Result<()> {
                 "## Simulator scale\n\nNot run: build target/release/ragtag-simnet first (`cargo build --release -p ragtag-simnet`).\n"
             );
         }
+    }
+    if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "task-data")) {
+        // Only the generated task files (what tests/tasks/*.toml read), for
+        // the simulator without PyTorch.
+        let t = versus_ddp::task(&repo, versus_ddp::TARGET)?;
+        println!("{} (held-out floor {:.4})", t.csv.display(), t.floor);
     }
     if wants("versus-ddp") {
         // `--ragtag PATH`: the node binary (default: the release build).
