@@ -52,6 +52,17 @@ impl LrProbe {
 /// data and seed) and picks the best; an error when every rate diverged
 /// or `grid` is empty.
 pub fn probe(cfg: &TrainerConfig, grid: &[f32], steps: u32) -> Result<LrProbe> {
+    probe_with_progress(cfg, grid, steps, |_| {})
+}
+
+/// [`probe`], calling `on_trial` as each candidate finishes (a large model's
+/// probe takes minutes on a CPU: the creator sees it move).
+pub fn probe_with_progress(
+    cfg: &TrainerConfig,
+    grid: &[f32],
+    steps: u32,
+    mut on_trial: impl FnMut(&LrTrial),
+) -> Result<LrProbe> {
     let dataset = Arc::new(Trainer::open_dataset(cfg)?);
     let steps = steps.max(4);
     let first = steps * 3 / 4;
@@ -67,7 +78,9 @@ pub fn probe(cfg: &TrainerConfig, grid: &[f32], steps: u32) -> Result<LrProbe> {
         let end = t.run_phase(&mid, steps - first, LocalMode::Train, no_pull, cfg.seed ^ 1)?.params;
         let at_end = t.evaluate(Some(&end))?.loss;
         let loss = 0.5 * (at_mid + at_end);
-        trials.push(LrTrial { lr, loss: if loss.is_finite() { loss } else { f32::INFINITY } });
+        let trial = LrTrial { lr, loss: if loss.is_finite() { loss } else { f32::INFINITY } };
+        on_trial(&trial);
+        trials.push(trial);
     }
     let best = trials.iter().copied().fold(None::<LrTrial>, |best, t| match best {
         Some(b) if b.loss < t.loss || (b.loss == t.loss && b.lr <= t.lr) => Some(b),
@@ -105,7 +118,9 @@ mod tests {
         // 1e-7 barely moves the weights in 200 steps; 1e-2 learns this tiny task.
         let grid = [1e-7, 1e-2];
         let a = probe(&cfg(), &grid, 200).unwrap();
-        assert_eq!(a, probe(&cfg(), &grid, 200).unwrap(), "same seed, same probe");
+        let mut seen = Vec::new();
+        assert_eq!(a, probe_with_progress(&cfg(), &grid, 200, |t| seen.push(*t)).unwrap(), "same seed, same probe");
+        assert_eq!(seen, a.trials, "every trial reported as it finished");
         assert_eq!(a.trials.len(), 2);
         assert!(a.trials[1].loss < a.trials[0].loss, "{a:?}");
         assert_eq!(a.chosen, 1e-2);

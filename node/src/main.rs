@@ -168,14 +168,25 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                         device: DeviceChoice::Cpu,
                         micro_batch: None,
                     };
-                    eprintln!("probing the inner learning rate: {steps} steps at each of {:?}", lr_probe::DEFAULT_GRID);
+                    eprintln!(
+                        "probing the inner learning rate: {steps} steps at each of {:?} \
+                         (--lr VALUE skips this, --probe-steps N shortens it)",
+                        lr_probe::DEFAULT_GRID
+                    );
                     // Training is blocking compute: off the runtime's workers.
-                    let p = tokio::task::spawn_blocking(move || lr_probe::probe(&cfg, &lr_probe::DEFAULT_GRID, steps))
-                        .await?
-                        .context("probing the inner learning rate")?;
-                    for t in &p.trials {
-                        eprintln!("  lr {:<7} held-out loss {:.4}", t.lr, t.loss);
-                    }
+                    let p = tokio::task::spawn_blocking(move || {
+                        let started = std::time::Instant::now();
+                        lr_probe::probe_with_progress(&cfg, &lr_probe::DEFAULT_GRID, steps, |t| {
+                            eprintln!(
+                                "  lr {:<7} held-out loss {:.4}  ({:.0} s so far)",
+                                t.lr,
+                                t.loss,
+                                started.elapsed().as_secs_f64()
+                            )
+                        })
+                    })
+                    .await?
+                    .context("probing the inner learning rate")?;
                     m.training.lr = p.chosen;
                     m.rationale.insert("lr".into(), p.evidence());
                 }

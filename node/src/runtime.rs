@@ -144,6 +144,8 @@ pub(crate) struct Node {
     metrics: NodeMetrics,
     status: Arc<RwLock<Status>>,
     logged: BTreeSet<(PeerId, RejectReason)>,
+    /// (peer, reason) pairs whose refused replica state was logged at warn.
+    logged_states: BTreeSet<(NodeId, &'static str)>,
     rejected: BTreeMap<String, u64>,
     /// Replica-state snapshots of transfers in progress, newest last.
     state_snapshots: VecDeque<outputs::StateSnapshot>,
@@ -334,6 +336,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
         metrics,
         status,
         logged: BTreeSet::new(),
+        logged_states: BTreeSet::new(),
         rejected: BTreeMap::new(),
         state_snapshots: VecDeque::new(),
         started: Instant::now(),

@@ -133,8 +133,16 @@ impl Node {
             EngineEvent::AnchorRefused { peer, reason } => {
                 self.metrics.state_refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
                 *self.rejected.entry(format!("state_{}", reason.name())).or_insert(0) += 1;
+                // Anti-entropy asks again every few seconds: a peer whose
+                // state stays refused is said once at warn, then counted.
+                let first = self.logged_states.len() < super::MAX_LOGGED_REJECTIONS
+                    && self.logged_states.insert((peer, reason.name()));
                 match reason {
-                    StateRefusal::TooFar { .. } => tracing::warn!("{peer:?}'s replica state refused: {reason}"),
+                    StateRefusal::TooFar { .. } if first => tracing::warn!(
+                        "{peer:?}'s replica state refused: {reason} (further refusals are counted in \
+                         ragtag_state_refused_total, not logged)"
+                    ),
+                    StateRefusal::TooFar { .. } => tracing::debug!("{peer:?}'s replica state refused: {reason}"),
                     _ => tracing::info!("{peer:?}'s replica state not used: {reason}"),
                 }
             }
