@@ -128,7 +128,17 @@ pub(crate) fn build(
         dcutr: dcutr::Behaviour::new(peer_id),
         autonat: autonat::Behaviour::new(
             peer_id,
-            autonat::Config { only_global_ips: false, boot_delay: Duration::from_secs(2), ..Default::default() },
+            // Re-probe within 15 s (libp2p: 90 s) while the verdict is
+            // unknown: a first probe made before any peer was connected
+            // would otherwise leave a short-lived node unaware it is behind
+            // NAT, so it never asks a relay for a reservation.
+            autonat::Config {
+                only_global_ips: false,
+                boot_delay: Duration::from_secs(2),
+                retry_interval: Duration::from_secs(15),
+                throttle_server_period: Duration::from_secs(15),
+                ..Default::default()
+            },
         ),
     })
 }
