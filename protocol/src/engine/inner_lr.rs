@@ -182,6 +182,9 @@ fn robust_mean(reports: &mut [(f32, u64)], spread: f32) -> Option<f32> {
     reports.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let weight = |r: &(f32, u64)| r.1.min(cap) as f64;
     let total: f64 = reports.iter().map(weight).sum();
+    if total <= 0.0 {
+        return None;
+    }
     let mut below = 0.0;
     let median = reports
         .iter()
@@ -198,8 +201,9 @@ fn robust_mean(reports: &mut [(f32, u64)], spread: f32) -> Option<f32> {
 
 impl InnerLrState {
     /// Counts an applied update's reported training loss into the open
-    /// round (an update that trained on no samples reports nothing). The
-    /// sample count is not a weight: it is the sender's word, like the loss.
+    /// round (an update that trained on no samples reports nothing). Its
+    /// sample count weighs it only up to the round's median claim: it is the
+    /// sender's word, like the loss.
     pub fn observe(&mut self, loss: f32, samples: u64) {
         if loss.is_finite() && loss >= 0.0 && samples > 0 && self.open.len() < MAX_OPEN {
             self.open.push((loss, samples));
@@ -273,7 +277,7 @@ impl InnerLrState {
             && self.recent.iter().all(|l| finite(*l))
             && self.best.is_none_or(finite)
             && self.open.len() <= MAX_OPEN
-            && self.open.iter().all(|(l, _)| finite(*l))
+            && self.open.iter().all(|&(l, samples)| finite(l) && samples > 0)
     }
 }
 
@@ -388,6 +392,11 @@ mod tests {
         let mut s = InnerLrState::default();
         s.recent.push_back(f32::INFINITY);
         assert!(!s.plausible(&SCHEDULE));
+        // A served open round with reports of no samples: observe() never
+        // keeps one, and a round of them would read as 0/0.
+        let s = InnerLrState { open: vec![(1.0, 0)], ..InnerLrState::default() };
+        assert!(!s.plausible(&SCHEDULE));
+        assert_eq!(robust_mean(&mut [(1.0, 0), (2.0, 0)], 2.0), None);
     }
 
     #[test]
