@@ -65,6 +65,43 @@ fn teacher_task_loss_falls_toward_the_floor() {
     assert!(after > floor - 0.1, "cannot beat the teacher: {after} vs floor {floor}");
 }
 
+/// Backprop reaches every parameter tensor of every model: the gradient at
+/// the initial parameters is non-zero in each. (candle-nn's fused layer
+/// norm and last-dim softmax have no backward: with them only the
+/// transformer's head got a gradient.)
+#[test]
+fn every_parameter_tensor_of_every_model_gets_a_gradient() {
+    let markov = DataSpec::Markov { vocab: 16, branching: 3, test_chars: 1024 };
+    let digits = testdata("digits.csv");
+    let digits_data = DataSpec::DigitsCsv { name: "digits".into(), hash: file_hash(&digits) };
+    let training = TrainingSpec { batch_size: 8, ..TrainingSpec::default() };
+    let configs = [
+        teacher(),
+        config(
+            ModelSpec::Cnn { side: 8, channels: [4, 8], hidden: 16, classes: 10 },
+            digits_data,
+            Some(digits),
+            training,
+        ),
+        config(
+            ModelSpec::CharTransformer { vocab: 16, context: 16, width: 32, layers: 2, heads: 4 },
+            markov,
+            None,
+            training,
+        ),
+    ];
+    for cfg in configs {
+        let model = cfg.model.clone();
+        let mut t = Trainer::new(cfg).unwrap();
+        let params = t.export_params().unwrap();
+        let grad = t.run_phase(&params, 1, LocalMode::Gradient, NO_PULL, 0).unwrap().params;
+        for e in &t.layout().entries {
+            let norm: f32 = grad[e.offset..e.offset + e.len].iter().map(|g| g * g).sum::<f32>().sqrt();
+            assert!(norm > 0.0, "{model}: no gradient reaches {}", e.name);
+        }
+    }
+}
+
 #[test]
 fn markov_text_loss_falls_toward_the_entropy_rate() {
     let cfg = config(
