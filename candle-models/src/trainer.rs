@@ -55,6 +55,9 @@ pub struct PhaseResult {
     pub samples: u64,
     /// Mean training loss over the gradient steps.
     pub loss: f32,
+    /// Training loss of the first gradient step, at the anchor: the loss of
+    /// the examples this node drew, at the model every node starts from.
+    pub first_loss: f32,
     /// Wall time of the phase.
     pub elapsed_s: f64,
     /// `||theta - anchor||` per parameter tensor, in layout order.
@@ -277,6 +280,7 @@ impl Trainer {
                 steps: 1,
                 samples: batch_size as u64,
                 loss,
+                first_loss: loss,
                 elapsed_s: start.elapsed().as_secs_f64(),
                 flops: flops_per_step,
             });
@@ -298,7 +302,7 @@ impl Trainer {
         } else {
             None
         };
-        let (mut loss_sum, mut grad_steps, mut taken) = (0.0f64, 0u32, 0u32);
+        let (mut loss_sum, mut grad_steps, mut taken, mut first_loss) = (0.0f64, 0u32, 0u32, f32::NAN);
         while taken < steps {
             taken += 1;
             if let Some(anchors) = anchors.as_ref().filter(|_| rng.bernoulli(p)) {
@@ -312,6 +316,9 @@ impl Trainer {
                 let (loss, grads) = self.loss_and_grads(&batch)?;
                 self.opt.step(self.params.vars(), &grads, lr_scale)?;
                 loss_sum += loss as f64;
+                if grad_steps == 0 {
+                    first_loss = loss;
+                }
                 grad_steps += 1;
             }
             if !go_on(taken) {
@@ -335,6 +342,7 @@ impl Trainer {
             steps: taken,
             samples: grad_steps as u64 * batch_size as u64,
             loss: if grad_steps > 0 { (loss_sum / grad_steps as f64) as f32 } else { f32::NAN },
+            first_loss,
             elapsed_s: start.elapsed().as_secs_f64(),
             layer_update_norms,
             flops: flops_per_step * grad_steps as f64,

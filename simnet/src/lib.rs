@@ -19,3 +19,4 @@ pub mod report;
 pub mod scenario;
 pub mod sim;
 pub mod speed;
+pub mod study;

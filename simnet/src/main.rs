@@ -99,6 +99,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The heterogeneity study: specialisation, straggler drift, the
+    /// shape frontier and the mitigations, on two tasks with several
+    /// seeds; writes STUDY.md and its plots.
+    Study {
+        /// The quick version (fewer shapes, half the time): a check.
+        #[arg(long)]
+        quick: bool,
+        /// Seeds per configuration (default: 3; 2 with --quick).
+        #[arg(long)]
+        seeds: Option<u32>,
+        /// The transformer task's text file.
+        #[arg(long, default_value = "../shared/data/shakespeare.txt")]
+        text: PathBuf,
+        /// Tasks, comma separated: teacher, char.
+        #[arg(long, value_delimiter = ',', default_value = "teacher,char", value_parser = parse_task)]
+        tasks: Vec<ragtag_simnet::study::Task>,
+        /// Where STUDY.md goes (its plots and figures go to docs/study/ there).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
     /// The staleness ablation: one strategy on one scenario with late
     /// updates at full weight, weighted (the default) and dropped, several
     /// seeds each.
@@ -126,6 +146,13 @@ fn parse_arm(s: &str) -> Result<LateUpdates, String> {
         let names: Vec<&str> = LateUpdates::ALL.iter().map(|a| a.name()).collect();
         format!("unknown arm {s:?}; one of {}", names.join(", "))
     })
+}
+
+fn parse_task(s: &str) -> Result<ragtag_simnet::study::Task, String> {
+    ragtag_simnet::study::Task::ALL
+        .into_iter()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("unknown task {s:?}; one of teacher, char"))
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -218,6 +245,26 @@ fn main() -> Result<()> {
                     println!("wrote summary.json, CSV and PNG plots to {}", dir.display());
                 }
             }
+        }
+        Command::Study { quick, seeds, text, tasks, out } => {
+            let seeds = seeds.unwrap_or(if quick { 2 } else { 3 });
+            if seeds == 0 || tasks.is_empty() {
+                bail!("need at least one seed and one task");
+            }
+            let mut command = String::from("cargo run -p ragtag-simnet -- study");
+            if quick {
+                command.push_str(" --quick");
+            }
+            if seeds != if quick { 2 } else { 3 } {
+                command.push_str(&format!(" --seeds {seeds}"));
+            }
+            if tasks != ragtag_simnet::study::Task::ALL {
+                let names: Vec<&str> = tasks.iter().map(|t| t.name()).collect();
+                command.push_str(&format!(" --tasks {}", names.join(",")));
+            }
+            let opts = ragtag_simnet::study::StudyOptions { quick, seeds, text, tasks, progress: true };
+            let path = ragtag_simnet::study::write::run_and_write(&opts, &out, &command)?;
+            println!("wrote {}", path.display());
         }
         Command::Ablate { scenario, strategy, staleness, seeds, json } => {
             if staleness.is_empty() || seeds == 0 {

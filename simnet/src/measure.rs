@@ -1,6 +1,8 @@
 //! What a run measures: time series of the mean replica, per-node
 //! accounting, staleness, and the research measurements (per-layer update
-//! norms by node, cosine similarity of fast and slow groups' updates).
+//! norms by node, cosine similarity of fast and slow groups' updates, how
+//! far a round's local model drifts from its anchor, each group's training
+//! loss).
 
 use std::collections::BTreeMap;
 
@@ -42,6 +44,99 @@ pub struct LayerSample {
     pub norm_fast: f32,
     /// Mean norm of a slow node's update to this layer.
     pub norm_slow: f32,
+    /// Cosine of the fast nodes' summed update with every update of the
+    /// window summed (what the swarm applies, before weights).
+    #[serde(default)]
+    pub cosine_fast_all: f32,
+    /// The same for the slow nodes.
+    #[serde(default)]
+    pub cosine_slow_all: f32,
+    /// Mean norm of a fast node's update per inner step (rounds of
+    /// different lengths compare).
+    #[serde(default)]
+    pub step_norm_fast: f32,
+    /// The same for the slow nodes.
+    #[serde(default)]
+    pub step_norm_slow: f32,
+    /// Mean distance of a fast node's local model at the end of its round
+    /// from the anchor it started from, relative to the anchor's norm
+    /// (NaN when the strategy sends gradients, not models).
+    #[serde(default)]
+    pub drift_fast: f32,
+    /// The same for the slow nodes.
+    #[serde(default)]
+    pub drift_slow: f32,
+}
+
+/// The two groups' training loss in a window: the loss of the first batch
+/// of each round, at the anchor the round started from (the examples each
+/// group drew, at the model every node starts from).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GroupSample {
+    /// Window end (s).
+    pub t: f64,
+    /// Mean first-batch loss of the fast nodes' rounds.
+    pub train_loss_fast: f32,
+    /// Mean first-batch loss of the slow nodes' rounds.
+    pub train_loss_slow: f32,
+}
+
+/// One finished local phase, as the recorder sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct PhaseRecord<'a> {
+    /// The update: anchor minus local model (or the gradient, for ddp).
+    pub delta: &'a [f32],
+    /// The local model at the end of the round (`None` for gradients).
+    pub local: Option<&'a [f32]>,
+    /// Inner steps of the round.
+    pub steps: u32,
+    /// Training loss of the round's first batch, at the anchor it started
+    /// from (the examples it drew, at the common model).
+    pub loss: f32,
+}
+
+/// Per-group sums of one window.
+#[derive(Debug)]
+struct GroupWindow {
+    sum: Vec<f64>,
+    norms: Vec<f64>,
+    step_norms: Vec<f64>,
+    drifts: Vec<f64>,
+    drift_count: u64,
+    count: u64,
+    loss: f64,
+    loss_count: u64,
+}
+
+impl GroupWindow {
+    fn new(params: usize, layers: usize) -> Self {
+        Self {
+            sum: vec![0.0; params],
+            norms: vec![0.0; layers],
+            step_norms: vec![0.0; layers],
+            drifts: vec![0.0; layers],
+            drift_count: 0,
+            count: 0,
+            loss: 0.0,
+            loss_count: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        for v in [&mut self.sum, &mut self.norms, &mut self.step_norms, &mut self.drifts] {
+            v.iter_mut().for_each(|x| *x = 0.0);
+        }
+        (self.drift_count, self.count, self.loss, self.loss_count) = (0, 0, 0.0, 0);
+    }
+}
+
+fn norm(v: impl Iterator<Item = f64>) -> f64 {
+    v.map(|x| x * x).sum::<f64>().sqrt()
+}
+
+fn cosine(a: &[f64], b: impl Iterator<Item = f64> + Clone) -> f32 {
+    let dot: f64 = a.iter().zip(b.clone()).map(|(x, y)| x * y).sum();
+    (dot / (norm(a.iter().copied()) * norm(b)).max(1e-30)) as f32
 }
 
 /// Collects group update sums between samples.
@@ -49,13 +144,13 @@ pub struct LayerSample {
 pub struct LayerRecorder {
     names: Vec<String>,
     ranges: Vec<std::ops::Range<usize>>,
-    sums: [Vec<f64>; 2],
-    norm_sums: [Vec<f64>; 2],
-    counts: [u64; 2],
+    groups: [GroupWindow; 2],
     /// Per node, per layer: sum of update norms and count.
     pub per_node: Vec<(Vec<f64>, u64)>,
     /// The samples so far.
     pub samples: Vec<LayerSample>,
+    /// The groups' training losses so far.
+    pub group_samples: Vec<GroupSample>,
 }
 
 impl LayerRecorder {
@@ -66,52 +161,75 @@ impl LayerRecorder {
         Self {
             names,
             ranges,
-            sums: [vec![0.0; params], vec![0.0; params]],
-            norm_sums: [vec![0.0; l], vec![0.0; l]],
-            counts: [0, 0],
+            groups: [GroupWindow::new(params, l), GroupWindow::new(params, l)],
             per_node: vec![(vec![0.0; l], 0); nodes],
             samples: Vec::new(),
+            group_samples: Vec::new(),
         }
     }
 
-    /// Records node `node`'s update `delta` (group 0 = fast, 1 = slow).
-    pub fn record(&mut self, node: usize, group: usize, delta: &[f32]) {
-        let sums = &mut self.sums[group];
-        for (s, d) in sums.iter_mut().zip(delta) {
+    /// Records node `node`'s finished phase (group 0 = fast, 1 = slow).
+    pub fn record(&mut self, node: usize, group: usize, phase: PhaseRecord<'_>) {
+        let g = &mut self.groups[group];
+        for (s, d) in g.sum.iter_mut().zip(phase.delta) {
             *s += *d as f64;
         }
-        self.counts[group] += 1;
+        g.count += 1;
+        if phase.loss.is_finite() {
+            g.loss += phase.loss as f64;
+            g.loss_count += 1;
+        }
+        if phase.local.is_some() {
+            g.drift_count += 1;
+        }
         let (node_norms, node_count) = &mut self.per_node[node];
         *node_count += 1;
+        let steps = phase.steps.max(1) as f64;
         for (i, r) in self.ranges.iter().enumerate() {
-            let n = delta[r.clone()].iter().map(|d| (*d as f64).powi(2)).sum::<f64>().sqrt();
-            self.norm_sums[group][i] += n;
+            let delta = &phase.delta[r.clone()];
+            let n = norm(delta.iter().map(|d| *d as f64));
+            g.norms[i] += n;
+            g.step_norms[i] += n / steps;
             node_norms[i] += n;
+            if let Some(local) = phase.local {
+                // The update is anchor - local, so the anchor is local + update.
+                let anchor = norm(local[r.clone()].iter().zip(delta).map(|(l, d)| (*l + *d) as f64));
+                g.drifts[i] += n / anchor.max(1e-30);
+            }
         }
     }
 
     /// Closes the window at `t`.
     pub fn sample(&mut self, t: f64) {
-        if self.counts[0] == 0 || self.counts[1] == 0 {
+        let [fast, slow] = &self.groups;
+        if fast.count == 0 || slow.count == 0 {
             return;
         }
+        let per = |v: f64, n: u64| if n == 0 { f32::NAN } else { (v / n as f64) as f32 };
         for (i, r) in self.ranges.iter().enumerate() {
-            let (a, b) = (&self.sums[0][r.clone()], &self.sums[1][r.clone()]);
-            let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-            let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-            let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let (a, b) = (&fast.sum[r.clone()], &slow.sum[r.clone()]);
+            let all = a.iter().zip(b).map(|(x, y)| x + y);
             self.samples.push(LayerSample {
                 t,
                 layer: self.names[i].clone(),
-                cosine_fast_slow: (dot / (na * nb).max(1e-30)) as f32,
-                norm_fast: (self.norm_sums[0][i] / self.counts[0] as f64) as f32,
-                norm_slow: (self.norm_sums[1][i] / self.counts[1] as f64) as f32,
+                cosine_fast_slow: cosine(a, b.iter().copied()),
+                norm_fast: per(fast.norms[i], fast.count),
+                norm_slow: per(slow.norms[i], slow.count),
+                cosine_fast_all: cosine(a, all.clone()),
+                cosine_slow_all: cosine(b, all),
+                step_norm_fast: per(fast.step_norms[i], fast.count),
+                step_norm_slow: per(slow.step_norms[i], slow.count),
+                drift_fast: per(fast.drifts[i], fast.drift_count),
+                drift_slow: per(slow.drifts[i], slow.drift_count),
             });
         }
-        for g in 0..2 {
-            self.sums[g].iter_mut().for_each(|x| *x = 0.0);
-            self.norm_sums[g].iter_mut().for_each(|x| *x = 0.0);
-            self.counts[g] = 0;
+        self.group_samples.push(GroupSample {
+            t,
+            train_loss_fast: per(fast.loss, fast.loss_count),
+            train_loss_slow: per(slow.loss, slow.loss_count),
+        });
+        for g in &mut self.groups {
+            g.clear();
         }
     }
 

@@ -19,7 +19,7 @@ fn register_font() {
 }
 
 /// A named series of (x, y) points.
-type Series = (String, Vec<(f64, f64)>);
+pub type Series = (String, Vec<(f64, f64)>);
 
 const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
@@ -33,7 +33,7 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 /// A line chart; `hline` draws a dashed horizontal reference.
-fn line_chart(
+pub fn line_chart(
     path: &Path,
     title: &str,
     x_label: &str,

@@ -191,7 +191,13 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
         "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples"
     )?;
     let mut layers = create(dir, "layers.csv")?;
-    writeln!(layers, "strategy,seed,t,layer,cosine_fast_slow,norm_fast,norm_slow")?;
+    writeln!(
+        layers,
+        "strategy,seed,t,layer,cosine_fast_slow,norm_fast,norm_slow,cosine_fast_all,cosine_slow_all,\
+         step_norm_fast,step_norm_slow,drift_fast,drift_slow"
+    )?;
+    let mut groups = create(dir, "group_train_loss.csv")?;
+    writeln!(groups, "strategy,seed,t,train_loss_fast,train_loss_slow")?;
     let mut by_node = create(dir, "layer_norms_by_node.csv")?;
     writeln!(by_node, "strategy,seed,node,speed,layer,mean_update_norm,updates")?;
     for r in runs {
@@ -233,9 +239,23 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
         for l in &r.layers.samples {
             writeln!(
                 layers,
-                "{s},{},{:.3},{},{:.5},{:.4e},{:.4e}",
-                r.seed, l.t, l.layer, l.cosine_fast_slow, l.norm_fast, l.norm_slow
+                "{s},{},{:.3},{},{:.5},{:.4e},{:.4e},{:.5},{:.5},{:.4e},{:.4e},{:.4e},{:.4e}",
+                r.seed,
+                l.t,
+                l.layer,
+                l.cosine_fast_slow,
+                l.norm_fast,
+                l.norm_slow,
+                l.cosine_fast_all,
+                l.cosine_slow_all,
+                l.step_norm_fast,
+                l.step_norm_slow,
+                l.drift_fast,
+                l.drift_slow
             )?;
+        }
+        for g in &r.layers.group_samples {
+            writeln!(groups, "{s},{},{:.3},{:.6},{:.6}", r.seed, g.t, g.train_loss_fast, g.train_loss_slow)?;
         }
         for (i, (norms, count)) in r.layers.per_node.iter().enumerate() {
             for (layer, sum) in r.layers.names().iter().zip(norms) {
@@ -244,7 +264,7 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
             }
         }
     }
-    for mut w in [ts, nodes, layers, by_node] {
+    for mut w in [ts, nodes, layers, by_node, groups] {
         w.flush()?;
     }
     Ok(())

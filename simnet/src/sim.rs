@@ -27,14 +27,14 @@ use ragtag_models::{
     device::DeviceChoice,
 };
 use ragtag_protocol::{
-    engine::{Input, Strategy, anti_entropy::relative_distance},
+    engine::{Input, LocalMode, Strategy, anti_entropy::relative_distance},
     ids::{NodeId, RunId, UpdateId},
     manifest::Manifest,
     time::Micros,
 };
 
 use crate::{
-    measure::{LayerRecorder, Sample, Tally},
+    measure::{LayerRecorder, PhaseRecord, Sample, Tally},
     network::Network,
     scenario::{EventKind, Scenario},
     speed,
@@ -183,7 +183,9 @@ impl<'a> Sim<'a> {
                 Shard::ALL
             };
             let trainer = Trainer::with_dataset(trainer_cfg(seed ^ (i as u64 + 1) << 20, shard), dataset.clone())?;
-            let group = usize::from(all_equal || profile.base < median);
+            // Equal speeds: halves by index, so a homogeneous control has
+            // the same two groups to compare as a mixed swarm.
+            let group = if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(profile.base < median) };
             let late = scenario.late.contains(&(i as u32));
             nodes.push(SimNode::new(i, seed, profile, group, trainer, late));
         }
@@ -264,13 +266,21 @@ impl<'a> Sim<'a> {
                     self.drain(node);
                 }
             }
-            Ev::PhaseDone { node, incarnation, result, delta } => {
+            Ev::PhaseDone { node, incarnation, result, delta, first_loss } => {
                 if self.nodes[node].incarnation != incarnation {
                     return Ok(());
                 }
                 self.nodes[node].phase_finished(self.now, result.samples);
                 let group = self.nodes[node].group;
-                self.layers.record(node, group, &delta);
+                let gradient =
+                    self.nodes[node].engine.as_ref().is_some_and(|e| e.config().local == LocalMode::Gradient);
+                let phase = PhaseRecord {
+                    delta: &delta,
+                    local: (!gradient).then_some(result.params.as_slice()),
+                    steps: result.steps,
+                    loss: first_loss,
+                };
+                self.layers.record(node, group, phase);
                 self.handle(node, Input::LocalPhaseDone(*result));
             }
             Ev::Deliver { node, what } => self.deliver(node, what),

@@ -92,7 +92,8 @@ pub enum Schedule {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Work {
-    /// Exactly H.
+    /// Exactly H, also in tick mode (no deadline: a slow node's round may
+    /// span ticks and publish late).
     Fixed,
     /// Proportional to speed: `clamp(floor(H v_i / v_ref), H_min, H)`, or in
     /// tick mode the steps that fit before the next tick.

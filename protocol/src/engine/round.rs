@@ -179,10 +179,12 @@ impl Engine {
             base_tick,
         });
         let seed = self.rng.next_u64();
-        // Tick mode: the round must end by the next tick, whatever the speed
-        // estimate says; a real trainer stops early at this deadline.
+        // Tick mode: a round sized to the tick must end by the next tick,
+        // whatever the speed estimate says; a real trainer stops early at
+        // this deadline. Fixed work means H steps however long they take
+        // (the round may publish ticks late; its staleness then counts).
         let deadline = match (self.cfg.schedule, &self.clock) {
-            (Schedule::Tick { margin, .. }, Some(c)) => {
+            (Schedule::Tick { margin, .. }, Some(c)) if self.cfg.work == Work::ProportionalToSpeed => {
                 let reserve = Micros::from_secs_f64(c.period().as_secs_f64() * margin as f64);
                 Some(c.boundary(base_tick + 1).saturating_sub(reserve))
             }

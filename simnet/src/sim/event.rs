@@ -30,12 +30,32 @@ pub(super) enum Delivery {
 
 #[derive(Debug)]
 pub(super) enum Ev {
-    Timeout { node: usize, incarnation: u64, generation: u64 },
-    PhaseDone { node: usize, incarnation: u64, result: Box<ragtag_protocol::engine::LocalResult>, delta: Vec<f32> },
-    Deliver { node: usize, what: Delivery },
-    Wave { nodes: Vec<usize>, what: Delivery },
+    Timeout {
+        node: usize,
+        incarnation: u64,
+        generation: u64,
+    },
+    PhaseDone {
+        node: usize,
+        incarnation: u64,
+        result: Box<ragtag_protocol::engine::LocalResult>,
+        delta: Vec<f32>,
+        /// The loss of the phase's first batch, at the anchor.
+        first_loss: f32,
+    },
+    Deliver {
+        node: usize,
+        what: Delivery,
+    },
+    Wave {
+        nodes: Vec<usize>,
+        what: Delivery,
+    },
     Scenario(usize),
-    Joined { node: usize, state: Box<ReplicaState> },
+    Joined {
+        node: usize,
+        state: Box<ReplicaState>,
+    },
     Sample,
 }
 

@@ -66,6 +66,7 @@ impl Sim<'_> {
             } else {
                 p.anchor.iter().zip(&result.params).map(|(a, t)| a - t).collect()
             };
+            let first_loss = result.first_loss;
             let local = LocalResult {
                 round: p.round,
                 params: result.params,
@@ -74,7 +75,13 @@ impl Sim<'_> {
                 loss: result.loss,
                 flops: result.flops,
             };
-            let ev = Ev::PhaseDone { node: job.node, incarnation: job.incarnation, result: Box::new(local), delta };
+            let ev = Ev::PhaseDone {
+                node: job.node,
+                incarnation: job.incarnation,
+                result: Box::new(local),
+                delta,
+                first_loss,
+            };
             self.push(job.done_at, ev);
         }
     }

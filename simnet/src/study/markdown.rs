@@ -1,0 +1,419 @@
+//! STUDY.md from the study's figures. Every statement is derived from the
+//! figures by a stated rule: a difference is claimed only where the ranges
+//! over seeds do not overlap; otherwise the answer is "cannot tell".
+
+use std::fmt::Write as _;
+
+use ragtag_protocol::engine::Strategy;
+
+use super::{
+    Arm, FOCUS, Shape, Study, StudyRun, TaskStudy,
+    metrics::{LayerFigures, RunFigures, layer_spread, separated, spread_of},
+};
+use crate::ablation::Spread;
+
+fn fmt(s: Option<Spread>, digits: usize) -> String {
+    match s {
+        Some(s) => format!("{:.d$} ({:.d$}..{:.d$})", s.mean, s.min, s.max, d = digits),
+        None => "-".into(),
+    }
+}
+
+fn runs(t: &TaskStudy, shape: Shape, strategy: Strategy, arm: Arm) -> impl Iterator<Item = &StudyRun> + Clone {
+    t.runs.iter().filter(move |r| r.shape == shape && r.strategy == strategy && r.arm == arm)
+}
+
+fn figures<'a>(it: impl Iterator<Item = &'a StudyRun> + Clone) -> impl Iterator<Item = &'a RunFigures> + Clone {
+    it.map(|r| &r.figures)
+}
+
+fn layer_names(t: &TaskStudy) -> Vec<String> {
+    t.runs
+        .iter()
+        .find(|r| !r.figures.layers.is_empty())
+        .map_or_else(Vec::new, |r| r.figures.layers.iter().map(|l| l.layer.clone()).collect())
+}
+
+/// "differs" or "cannot tell" for two sets of seeds.
+fn verdict(a: Option<Spread>, b: Option<Spread>) -> &'static str {
+    if separated(a, b) { "differs" } else { "cannot tell" }
+}
+
+/// The whole STUDY.md.
+pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[(String, Vec<String>)]) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# The heterogeneity study\n");
+    let _ = writeln!(
+        w,
+        "Written by `{command}` on {date} ({machine}) in {:.1} minutes{}.\n",
+        study.wall_s / 60.0,
+        if study.quick {
+            "; **the quick version**: fewer shapes, half the virtual time, for a check, not for the answers"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        w,
+        "Every figure comes from the simulator: swarms of {n} nodes, each the real GoPALS engine driving a real candle trainer, in virtual time (compute time = step cost / speed, a 20 ms, 100 Mbit/s network). Every swarm has the same total compute (speeds sum to {n}); a shape is the spread between fastest and slowest node and the share of slow nodes. Figures are mean (min..max) over seeds 0..{}. **A difference is claimed only where the ranges over seeds do not overlap**; otherwise the answer is \"cannot tell\", which is a result too. The specialisation figures come from the second half of each run (the first half is the fall from the initial loss), the cosine over time from every window. The mixed swarm of questions 1, 2 and 4 is {} (speeds {}).\n",
+        study.seeds - 1,
+        FOCUS.label(),
+        FOCUS.speeds().iter().map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(", "),
+        n = super::tasks::NODES,
+    );
+    tasks_section(w, study);
+    q1(w, study);
+    q2(w, study);
+    q3(w, study);
+    q4(w, study);
+    let _ = writeln!(w, "## Plots\n");
+    for (task, files) in plots {
+        for f in files {
+            let _ = writeln!(w, "![{task}: {f}](docs/study/{f})\n");
+        }
+    }
+    let _ = writeln!(w, "## What this study does not measure\n");
+    let _ = writeln!(
+        w,
+        "- **The norm guard** is not an arm: it lives in the node's validation of network input (`UpdateValidator`), which the simulator does not run (honest simulated peers deliver their updates directly), so turning it off would change nothing here.\n\
+         - **Representation similarity (linear CKA)** on a probe batch is not measured; question 2 is answered with parameter drift per layer only.\n\
+         - **Per-example losses**: a group's \"harder examples\" are read from the loss of each round's first batch at the anchor the round starts from (the examples it drew, at the model every node starts from), averaged per group, not per example. (A round's mean training loss would mislead: a fast node's long round descends further, so its mean is lower whatever its examples.) In the simulator every node draws from the same data stream with its own seed, so no node is handed harder examples by construction.\n\
+         - **Real processes**: the figures are from the simulator only; no answer here has been checked with real processes yet (`ragtag-simnet real` runs a shape with processes but does not record the per-layer measurements).\n"
+    );
+    md
+}
+
+fn tasks_section(w: &mut String, study: &Study) {
+    let _ = writeln!(w, "## Tasks and targets\n");
+    let _ = writeln!(
+        w,
+        "The target of each task is 2% below the best held-out loss (smoothed over three samples) that ONE node reached alone in the same virtual time, on any seed, as plain AdamW (`ddp` with one node) or as `gopals` with one node. The lone node has the speed of the fastest node of any shape in the study, so no node of any swarm could reach the target alone.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| task | model | virtual s | lone node's speed | lone node's best (ddp; gopals) per seed | target |"
+    );
+    let _ = writeln!(w, "| --- | --- | ---: | ---: | --- | ---: |");
+    for t in &study.tasks {
+        let per = |s: Strategy| {
+            t.control
+                .iter()
+                .filter(|c| c.strategy == s)
+                .map(|c| format!("{:.4}", c.best_loss))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.0} | {:.2} | {}; {} | {:.4} |",
+            t.task.name(),
+            t.description,
+            t.duration_s,
+            t.control_speed,
+            per(Strategy::Ddp),
+            per(Strategy::Gopals),
+            t.target_loss
+        );
+    }
+    let _ = writeln!(w);
+}
+
+fn layer_table(
+    w: &mut String,
+    t: &TaskStudy,
+    columns: &[(&str, Shape, Arm)],
+    figure: &str,
+    f: fn(&LayerFigures) -> f64,
+) -> Vec<(String, bool)> {
+    let names = layer_names(t);
+    let _ = write!(w, "| layer |");
+    for (label, ..) in columns {
+        let _ = write!(w, " {label} |");
+    }
+    let _ = writeln!(w, " {} vs {} |", columns[0].0, columns[1].0);
+    let _ = writeln!(w, "| --- |{}", " ---: |".repeat(columns.len() + 1));
+    let mut verdicts = Vec::new();
+    for name in &names {
+        let _ = write!(w, "| {name} |");
+        let spreads: Vec<Option<Spread>> = columns
+            .iter()
+            .map(|(_, shape, arm)| layer_spread(figures(runs(t, *shape, Strategy::Gopals, *arm)), name, f))
+            .collect();
+        for s in &spreads {
+            let _ = write!(w, " {} |", fmt(*s, 3));
+        }
+        let v = verdict(spreads[0], spreads[1]);
+        let _ = writeln!(w, " {v} |");
+        verdicts.push((name.clone(), v == "differs"));
+    }
+    let _ = writeln!(w, "\n({figure})\n");
+    verdicts
+}
+
+fn differing(v: &[(String, bool)]) -> String {
+    let d: Vec<&str> = v.iter().filter(|(_, d)| *d).map(|(n, _)| n.as_str()).collect();
+    if d.is_empty() { "none".into() } else { d.join(", ") }
+}
+
+fn q1(w: &mut String, study: &Study) {
+    let _ = writeln!(
+        w,
+        "## 1. Do fast workers become early-layer specialists, and do slow workers carry the harder examples?\n"
+    );
+    let _ = writeln!(
+        w,
+        "Fast and slow groups are the nodes above and below the median speed; in the homogeneous control (same seeds, same total compute) they are the first and second half of the nodes, so any difference the mixed swarm shows beyond the control's range is heterogeneity, not noise. Specialisation of the fast nodes in early layers would show as (a) fast and slow updates pointing apart (low cosine) in the early layers and not in the late ones, and (b) the fast group's update aligned with what the swarm applies (the sum of all updates) better than the slow group's there. Norms are per inner step, since a slow node's round has fewer steps.\n"
+    );
+    let cols = [("mixed", FOCUS, Arm::Preset), ("homogeneous", Shape::HOMOGENEOUS, Arm::Preset)];
+    for t in &study.tasks {
+        let _ = writeln!(w, "### {}\n", t.task.name());
+        let _ = writeln!(w, "Cosine of the fast and slow groups' summed updates:\n");
+        let a = layer_table(w, t, &cols, "1 = same direction; 0 = unrelated", |l| l.cos_fast_slow);
+        let _ = writeln!(
+            w,
+            "Alignment with the applied update, fast minus slow (cosine of the group's sum with the sum of all):\n"
+        );
+        let b = layer_table(w, t, &cols, "> 0: the fast group's updates are closer to what the swarm applies", |l| {
+            l.cos_fast_all - l.cos_slow_all
+        });
+        let _ = writeln!(w, "A slow node's update norm per inner step over a fast node's:\n");
+        let c = layer_table(w, t, &cols, "1 = the same", |l| l.step_norm_slow_over_fast);
+        let gap = |shape| spread_of(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), |r| r.train_loss_gap);
+        let (gm, gh) = (gap(FOCUS), gap(Shape::HOMOGENEOUS));
+        let early =
+            |shape| spread_of(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), |r| r.cos_fast_slow_early);
+        let late = |shape| spread_of(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), |r| r.cos_fast_slow_late);
+        let _ = writeln!(
+            w,
+            "Over time (layer mean of the fast-slow cosine): first third {} mixed against {} homogeneous, last third {} against {}.\n",
+            fmt(early(FOCUS), 3),
+            fmt(early(Shape::HOMOGENEOUS), 3),
+            fmt(late(FOCUS), 3),
+            fmt(late(Shape::HOMOGENEOUS), 3)
+        );
+        let _ = writeln!(
+            w,
+            "Slow nodes' first-batch loss minus fast nodes' (second half; the loss of the examples a round draws, at the anchor it starts from): mixed {}, homogeneous {}: {}.\n",
+            fmt(gm, 4),
+            fmt(gh, 4),
+            verdict(gm, gh)
+        );
+        let names = layer_names(t);
+        let half = names.len() / 2;
+        let early_layers: Vec<(String, bool)> = a.iter().take(half).cloned().collect();
+        let _ = writeln!(
+            w,
+            "**Answer ({})**: layers where the mixed swarm's fast-slow cosine differs from the control beyond the seed ranges: {} (of {}; the first half of the layers: {}); where the fast group's lead in alignment differs: {}; where the per-step norm ratio differs: {}. Slow workers carrying harder examples: {}.\n",
+            t.task.name(),
+            differing(&a),
+            names.len(),
+            differing(&early_layers),
+            differing(&b),
+            differing(&c),
+            match (separated(gm, gh), gm.zip(gh)) {
+                (true, Some((m, h))) if m.mean > h.mean =>
+                    "their training loss is higher than in the control beyond the seed ranges",
+                (true, _) => "their training loss is lower than in the control beyond the seed ranges",
+                _ => "cannot tell (the ranges overlap)",
+            }
+        );
+    }
+}
+
+fn q2(w: &mut String, study: &Study) {
+    let _ = writeln!(w, "## 2. Do stragglers' models diverge?\n");
+    let _ = writeln!(
+        w,
+        "Drift is the distance of a node's local model at the end of its round from the anchor it started from, relative to the anchor's norm, per layer: here as the slow group's over the fast group's, in the mixed swarm with staleness weights (the preset) and without, and in the homogeneous control. Per inner step a straggler drifts as far as the others if the ratio of step norms (question 1) is near 1; this ratio is per round.\n"
+    );
+    let cols = [
+        ("mixed, weights", FOCUS, Arm::Preset),
+        ("mixed, no weights", FOCUS, Arm::NoStalenessWeights),
+        ("homogeneous", Shape::HOMOGENEOUS, Arm::Preset),
+    ];
+    for t in &study.tasks {
+        let _ = writeln!(w, "### {}\n", t.task.name());
+        let a = layer_table(w, t, &cols, "drift of a slow node's round over a fast node's", |l| {
+            l.drift_slow / l.drift_fast
+        });
+        let vs_control: Vec<(String, bool)> = layer_names(t)
+            .iter()
+            .map(|name| {
+                let of = |shape| {
+                    layer_spread(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), name, |l| {
+                        l.drift_slow / l.drift_fast
+                    })
+                };
+                (name.clone(), separated(of(FOCUS), of(Shape::HOMOGENEOUS)))
+            })
+            .collect();
+        let stale = |arm| spread_of(figures(runs(t, FOCUS, Strategy::Gopals, arm)), |r| Some(r.mean_staleness));
+        let _ = writeln!(
+            w,
+            "**Answer ({})**: layers where the slow/fast drift ratio of the mixed swarm differs from the homogeneous control: {}; where turning the staleness weights off changes it: {}. Mean staleness of applied updates: {} with weights, {} without (weights act only on late updates).\n",
+            t.task.name(),
+            differing(&vs_control),
+            differing(&a),
+            fmt(stale(Arm::Preset), 3),
+            fmt(stale(Arm::NoStalenessWeights), 3)
+        );
+    }
+}
+
+fn shape_cell(t: &TaskStudy, shape: Shape, strategy: Strategy) -> String {
+    let rs: Vec<&StudyRun> = runs(t, shape, strategy, Arm::Preset).collect();
+    if rs.is_empty() {
+        return "-".into();
+    }
+    let reached = rs.iter().filter(|r| r.figures.time_to_target_s.is_some()).count();
+    let time = spread_of(rs.iter().map(|r| &r.figures), |f| f.time_to_target_s);
+    let loss = spread_of(rs.iter().map(|r| &r.figures), |f| Some(f.final_loss));
+    let time = if reached > 0 { format!(", {} s", fmt(time, 1)) } else { String::new() };
+    format!("{} ({}/{}{time})", fmt(loss, 4), reached, rs.len())
+}
+
+fn q3(w: &mut String, study: &Study) {
+    let _ = writeln!(w, "## 3. Which heterogeneity is best?\n");
+    let _ = writeln!(
+        w,
+        "At equal total compute, final held-out loss of the mean replica, then (seeds that reached the target / seeds, time to target over those that did):\n"
+    );
+    for t in &study.tasks {
+        let _ = writeln!(w, "### {} (target {:.4})\n", t.task.name(), t.target_loss);
+        let _ = write!(w, "| shape |");
+        for s in super::STRATEGIES {
+            let _ = write!(w, " {} |", s.name());
+        }
+        let _ = writeln!(w, "\n| --- |{}", " --- |".repeat(super::STRATEGIES.len()));
+        let mut shapes = vec![Shape::HOMOGENEOUS];
+        for &fraction in &t.slow_fractions {
+            for &spread in t.spreads.iter().filter(|s| **s > 1.0) {
+                shapes.push(Shape { spread, slow_fraction: fraction });
+            }
+        }
+        for &shape in &shapes {
+            let _ = write!(w, "| {} |", shape.label());
+            for s in super::STRATEGIES {
+                let _ = write!(w, " {} |", shape_cell(t, shape, s));
+            }
+            let _ = writeln!(w);
+        }
+        let _ = writeln!(w);
+        for s in super::STRATEGIES {
+            let loss = |shape| spread_of(figures(runs(t, shape, s, Arm::Preset)), |r| Some(r.final_loss));
+            let homo = loss(Shape::HOMOGENEOUS);
+            let better: Vec<String> = shapes[1..]
+                .iter()
+                .filter(|sh| separated(loss(**sh), homo) && loss(**sh).zip(homo).is_some_and(|(a, b)| a.mean < b.mean))
+                .map(|sh| sh.label())
+                .collect();
+            let worse: Vec<String> = shapes[1..]
+                .iter()
+                .filter(|sh| separated(loss(**sh), homo) && loss(**sh).zip(homo).is_some_and(|(a, b)| a.mean > b.mean))
+                .map(|sh| sh.label())
+                .collect();
+            let best = shapes
+                .iter()
+                .filter_map(|sh| loss(*sh).map(|l| (sh.label(), l.mean)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            let _ = writeln!(
+                w,
+                "- **{}**: lowest mean final loss at {}; better than homogeneous beyond the seed ranges: {}; worse: {}.",
+                s.name(),
+                best.map_or_else(|| "-".into(), |(l, v)| format!("{l} ({v:.4})")),
+                if better.is_empty() { "none".into() } else { better.join(", ") },
+                if worse.is_empty() { "none".into() } else { worse.join(", ") }
+            );
+        }
+        let _ = writeln!(w);
+    }
+}
+
+fn q4(w: &mut String, study: &Study) {
+    let _ = writeln!(w, "## 4. Does mitigation suppress specialisation?\n");
+    let _ = writeln!(
+        w,
+        "gopals on the mixed swarm with one mechanism turned off at a time, against the preset: the time to target and final loss, and the specialisation figures of question 1 as layer means (fast-slow cosine, fast-minus-slow alignment with the applied update, slow/fast norm per step) and the slow-minus-fast first-batch loss.\n"
+    );
+    for t in &study.tasks {
+        let _ = writeln!(w, "### {}\n", t.task.name());
+        let _ = writeln!(
+            w,
+            "| arm | final loss (reached, time) | fast-slow cosine | alignment lead | norm ratio | first-batch loss gap |"
+        );
+        let _ = writeln!(w, "| --- | --- | ---: | ---: | ---: | ---: |");
+        let layer_mean = |f: fn(&LayerFigures) -> f64| {
+            move |r: &RunFigures| {
+                let v: Vec<f64> = r.layers.iter().map(f).filter(|x| x.is_finite()).collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            }
+        };
+        let metrics = |arm: Arm| {
+            let rs = || {
+                figures(runs(
+                    t,
+                    FOCUS,
+                    if arm == Arm::FreeRunning { Strategy::GopalsAsync } else { Strategy::Gopals },
+                    arm,
+                ))
+            };
+            [
+                spread_of(rs(), |r| Some(r.final_loss)),
+                spread_of(rs(), layer_mean(|l| l.cos_fast_slow)),
+                spread_of(rs(), layer_mean(|l| l.cos_fast_all - l.cos_slow_all)),
+                spread_of(rs(), layer_mean(|l| l.step_norm_slow_over_fast)),
+                spread_of(rs(), |r| r.train_loss_gap),
+            ]
+        };
+        let preset = metrics(Arm::Preset);
+        let mut changed = Vec::new();
+        for arm in std::iter::once(Arm::Preset).chain(Arm::OFF) {
+            let m = metrics(arm);
+            let rs: Vec<&StudyRun> = t
+                .runs
+                .iter()
+                .filter(|r| {
+                    r.shape == FOCUS
+                        && r.arm == arm
+                        && (r.strategy != Strategy::DilocoProportional && r.strategy != Strategy::Ddp)
+                })
+                .collect();
+            let reached = rs.iter().filter(|r| r.figures.time_to_target_s.is_some()).count();
+            let time = spread_of(rs.iter().map(|r| &r.figures), |f| f.time_to_target_s);
+            let _ = writeln!(
+                w,
+                "| {} | {} ({}/{}{}) | {} | {} | {} | {} |",
+                arm.name(),
+                fmt(m[0], 4),
+                reached,
+                rs.len(),
+                if reached > 0 { format!(", {} s", fmt(time, 1)) } else { String::new() },
+                fmt(m[1], 3),
+                fmt(m[2], 3),
+                fmt(m[3], 3),
+                fmt(m[4], 4)
+            );
+            if arm != Arm::Preset {
+                let names = ["final loss", "fast-slow cosine", "alignment lead", "norm ratio", "first-batch loss gap"];
+                let d: Vec<&str> = names
+                    .iter()
+                    .zip(m.iter().zip(&preset))
+                    .filter(|(_, (a, b))| separated(**a, **b))
+                    .map(|(n, _)| *n)
+                    .collect();
+                changed.push(format!(
+                    "{}: {}",
+                    arm.name(),
+                    if d.is_empty() { "nothing beyond the seed ranges".into() } else { d.join(", ") }
+                ));
+            }
+        }
+        let _ = writeln!(
+            w,
+            "\n**Answer ({})**: what turning each mechanism off changed against the preset: {}.\n",
+            t.task.name(),
+            changed.join("; ")
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! The figures the study keeps from one run: time to target, losses, and
+//! the specialisation measurements reduced to one number per layer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ablation::Spread, measure::LayerSample, report::RunSummary, sim::RunOutput};
+
+/// One layer's specialisation figures over the second half of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerFigures {
+    /// Layer (parameter tensor) name.
+    pub layer: String,
+    /// Mean cosine of the fast and slow groups' summed updates.
+    pub cos_fast_slow: f64,
+    /// Mean cosine of the fast group's summed update with all updates.
+    pub cos_fast_all: f64,
+    /// The same for the slow group.
+    pub cos_slow_all: f64,
+    /// A slow node's update norm per inner step over a fast node's.
+    pub step_norm_slow_over_fast: f64,
+    /// Mean relative distance of a fast node's round-end model from its anchor.
+    pub drift_fast: f64,
+    /// The same for the slow nodes.
+    pub drift_slow: f64,
+}
+
+/// What the study keeps of one run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunFigures {
+    /// Virtual time to the task's target.
+    pub time_to_target_s: Option<f64>,
+    /// Held-out loss of the mean replica at the end.
+    pub final_loss: f64,
+    /// Lowest held-out loss of the mean replica, smoothed over three samples.
+    pub best_loss: f64,
+    /// Mean staleness of applied updates.
+    pub mean_staleness: f64,
+    /// Per-layer figures (empty when a group published nothing).
+    pub layers: Vec<LayerFigures>,
+    /// Layer-mean cosine of fast and slow updates in the first third.
+    pub cos_fast_slow_early: Option<f64>,
+    /// The same in the last third.
+    pub cos_fast_slow_late: Option<f64>,
+    /// Slow nodes' mean training loss minus fast nodes', second half.
+    pub train_loss_gap: Option<f64>,
+    /// (t, held-out loss) of the mean replica.
+    pub loss_series: Vec<(f64, f64)>,
+    /// (t, layer-mean cosine of fast and slow updates).
+    pub cos_series: Vec<(f64, f64)>,
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
+    let (mut s, mut n) = (0.0, 0u32);
+    for x in v.filter(|x| x.is_finite()) {
+        s += x;
+        n += 1;
+    }
+    (n > 0).then(|| s / f64::from(n))
+}
+
+/// The lowest mean of three consecutive values (the single lowest value
+/// when there are fewer than three).
+pub fn best_smoothed(losses: &[f64]) -> f64 {
+    if losses.len() < 3 {
+        return losses.iter().copied().fold(f64::INFINITY, f64::min);
+    }
+    losses.windows(3).map(|w| (w[0] + w[1] + w[2]) / 3.0).fold(f64::INFINITY, f64::min)
+}
+
+impl RunFigures {
+    /// Reduces a run; `duration_s` splits it into thirds and halves.
+    pub fn of(summary: &RunSummary, out: &RunOutput, duration_s: f64) -> Self {
+        let samples = &out.layers.samples;
+        let late: Vec<&LayerSample> = samples.iter().filter(|s| s.t > duration_s / 2.0).collect();
+        let layers = out
+            .layers
+            .names()
+            .iter()
+            .filter_map(|name| {
+                let of = |f: &dyn Fn(&LayerSample) -> f64| mean(late.iter().filter(|s| &s.layer == name).map(|s| f(s)));
+                Some(LayerFigures {
+                    layer: name.clone(),
+                    cos_fast_slow: of(&|s| s.cosine_fast_slow as f64)?,
+                    cos_fast_all: of(&|s| s.cosine_fast_all as f64)?,
+                    cos_slow_all: of(&|s| s.cosine_slow_all as f64)?,
+                    step_norm_slow_over_fast: of(&|s| s.step_norm_slow as f64 / s.step_norm_fast as f64)?,
+                    drift_fast: of(&|s| s.drift_fast as f64).unwrap_or(f64::NAN),
+                    drift_slow: of(&|s| s.drift_slow as f64).unwrap_or(f64::NAN),
+                })
+            })
+            .collect();
+        let cos_in = |from: f64, to: f64| {
+            mean(samples.iter().filter(|s| s.t > from && s.t <= to).map(|s| s.cosine_fast_slow as f64))
+        };
+        let mut cos_series: Vec<(f64, f64)> = Vec::new();
+        for s in samples {
+            match cos_series.last_mut() {
+                Some((t, _)) if *t == s.t => {}
+                _ => {
+                    let at: Vec<f64> =
+                        samples.iter().filter(|x| x.t == s.t).map(|x| x.cosine_fast_slow as f64).collect();
+                    cos_series.push((s.t, at.iter().sum::<f64>() / at.len() as f64));
+                }
+            }
+        }
+        let losses: Vec<f64> = out.series.iter().map(|s| s.loss as f64).collect();
+        Self {
+            time_to_target_s: summary.time_to_target_s,
+            final_loss: summary.final_loss as f64,
+            best_loss: best_smoothed(&losses),
+            mean_staleness: summary.mean_staleness,
+            layers,
+            cos_fast_slow_early: cos_in(0.0, duration_s / 3.0),
+            cos_fast_slow_late: cos_in(2.0 * duration_s / 3.0, f64::INFINITY),
+            train_loss_gap: mean(
+                out.layers
+                    .group_samples
+                    .iter()
+                    .filter(|g| g.t > duration_s / 2.0)
+                    .map(|g| (g.train_loss_slow - g.train_loss_fast) as f64),
+            ),
+            loss_series: out.series.iter().map(|s| (s.t, s.loss as f64)).collect(),
+            cos_series,
+        }
+    }
+}
+
+/// A figure over seeds, `None` when no run has it.
+pub fn spread_of<'a>(
+    runs: impl Iterator<Item = &'a RunFigures>,
+    f: impl Fn(&RunFigures) -> Option<f64>,
+) -> Option<Spread> {
+    let v: Vec<f64> = runs.filter_map(f).filter(|x| x.is_finite()).collect();
+    Spread::of(&v)
+}
+
+/// A layer's figure over seeds.
+pub fn layer_spread<'a>(
+    runs: impl Iterator<Item = &'a RunFigures>,
+    layer: &str,
+    f: impl Fn(&LayerFigures) -> f64,
+) -> Option<Spread> {
+    spread_of(runs, |r| r.layers.iter().find(|l| l.layer == layer).map(&f))
+}
+
+/// Whether two sets of seeds tell a difference: their ranges do not overlap.
+pub fn separated(a: Option<Spread>, b: Option<Spread>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.max < b.min || b.max < a.min,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smoothing_takes_the_lowest_run_of_three() {
+        assert_eq!(best_smoothed(&[3.0, 1.0, 2.0, 0.0, 0.0]), 1.0);
+        assert_eq!(best_smoothed(&[2.0, 1.5]), 1.5);
+    }
+
+    #[test]
+    fn only_disjoint_ranges_are_a_difference() {
+        let s = |min, max| Some(Spread { mean: (min + max) / 2.0, min, max });
+        assert!(separated(s(0.0, 1.0), s(1.5, 2.0)));
+        assert!(!separated(s(0.0, 1.6), s(1.5, 2.0)));
+        assert!(!separated(s(0.0, 1.0), None));
+    }
+}
