@@ -24,9 +24,14 @@ pub enum DeviceChoice {
     Metal,
 }
 
+/// A device name `DeviceChoice` does not know: users type these by hand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device {0:?}: use auto, cpu, cuda, cuda:N or metal")]
+pub struct UnknownDevice(pub String);
+
 impl FromStr for DeviceChoice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    type Err = UnknownDevice;
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownDevice> {
         match s.trim() {
             "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
@@ -34,7 +39,7 @@ impl FromStr for DeviceChoice {
             "metal" => Ok(DeviceChoice::Metal),
             other => match other.strip_prefix("cuda:").map(str::parse) {
                 Some(Ok(n)) => Ok(DeviceChoice::Cuda(n)),
-                _ => Err(format!("unknown device {other:?}: use auto, cpu, cuda, cuda:N or metal")),
+                _ => Err(UnknownDevice(other.to_string())),
             },
         }
     }

@@ -313,12 +313,34 @@ pub fn default_intervals(h: u32) -> (u64, u64) {
     (eval, eval * EVALS_PER_CHECKPOINT)
 }
 
+/// Why the config file of `ragtag run` could not be used: the user fixes the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    /// The file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not TOML of `ragtag run`'s flags.
+    #[error("{}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's reason.
+        source: toml::de::Error,
+    },
+}
+
 impl RunArgs {
     /// Fills unset flags from the config file, if one was given.
-    pub fn merged(mut self) -> Result<Self, String> {
+    pub fn merged(mut self) -> Result<Self, ConfigFileError> {
         let Some(path) = self.config.clone() else { return Ok(self) };
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let file: RunArgs = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|source| ConfigFileError::Read { path: path.clone(), source })?;
+        let file: RunArgs = toml::from_str(&text).map_err(|source| ConfigFileError::Parse { path, source })?;
         macro_rules! fill {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = file.$f; } )* };
         }
@@ -382,7 +404,7 @@ mod tests {
         std::fs::write(&cfg, "no_such_flag = 1\n").unwrap();
         let cli = Cli::parse_from(["ragtag", "run", "--config", cfg.to_str().unwrap()]);
         let Command::Run(args) = cli.command else { panic!("not run") };
-        assert!(args.merged().unwrap_err().contains("no_such_flag"));
+        assert!(args.merged().unwrap_err().to_string().contains("no_such_flag"));
     }
 
     #[test]

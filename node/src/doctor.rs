@@ -16,7 +16,7 @@ use ragtag_models::{
 use ragtag_protocol::{
     engine::{LocalMode, PullConfig, Strategy},
     manifest::Manifest,
-    wire::Message,
+    wire::{Message, MessageKind},
 };
 
 use crate::{cli::DoctorArgs, identity, net, swarm_key};
@@ -65,7 +65,9 @@ fn device_checks(choice: &str) -> Vec<Check> {
     let mut out = Vec::new();
     let choice: DeviceChoice = match choice.parse() {
         Ok(c) => c,
-        Err(e) => return vec![Check::fail("device", e, "use --device auto, cpu, cuda, cuda:N or metal", true)],
+        Err(e) => {
+            return vec![Check::fail("device", e.to_string(), "use --device auto, cpu, cuda, cuda:N or metal", true)];
+        }
     };
     let dev = match select(choice) {
         Ok(d) => d,
@@ -197,7 +199,7 @@ async fn network_checks(args: &DoctorArgs, psk: Option<libp2p::pnet::PreSharedKe
     let (client, mut events, task) = match net::spawn(cfg, &mut registry) {
         Ok(x) => x,
         Err(e) => {
-            out.push(Check::fail("network", e, "check that TCP is allowed on this machine", true));
+            out.push(Check::fail("network", e.to_string(), "check that TCP is allowed on this machine", true));
             return out;
         }
     };
@@ -292,11 +294,22 @@ async fn network_checks(args: &DoctorArgs, psk: Option<libp2p::pnet::PreSharedKe
     out
 }
 
-async fn probe(client: &net::Client, peer: PeerId, bytes: u32) -> Result<Duration, String> {
+/// Why a probe of a bootstrap peer failed: shown in the check's detail.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    /// The request did not get an answer.
+    #[error(transparent)]
+    Net(#[from] net::NetError),
+    /// The peer answered with something other than a full probe reply.
+    #[error("unexpected answer {0:?}")]
+    Unexpected(MessageKind),
+}
+
+async fn probe(client: &net::Client, peer: PeerId, bytes: u32) -> Result<Duration, ProbeError> {
     let start = Instant::now();
     match client.request(peer, Message::Probe(bytes)).await? {
         Message::ProbeReply(b) if b.len() == bytes as usize => Ok(start.elapsed()),
-        other => Err(format!("unexpected answer {:?}", other.kind())),
+        other => Err(ProbeError::Unexpected(other.kind())),
     }
 }
 

@@ -14,7 +14,10 @@ use std::time::Duration;
 pub use behaviour::{NodeBehaviour, NodeBehaviourEvent};
 pub use codec::WireCodec;
 pub use event_loop::{peer_of, spawn};
-use libp2p::{Multiaddr, PeerId, gossipsub::MessageAcceptance, pnet::PreSharedKey};
+use libp2p::{
+    Multiaddr, PeerId, TransportError, gossipsub::MessageAcceptance, pnet::PreSharedKey,
+    request_response::OutboundFailure,
+};
 use ragtag_protocol::wire::Message;
 use tokio::sync::{mpsc, oneshot};
 
@@ -137,10 +140,39 @@ pub enum Event {
     },
 }
 
+/// Why the network could not start or serve a command: callers log it or
+/// try another peer.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// The swarm (transports, behaviours) could not be built.
+    #[error("building the swarm: {0}")]
+    Build(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A listen address was refused.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: Multiaddr,
+        /// The transport's reason.
+        source: TransportError<std::io::Error>,
+    },
+    /// The network task has ended.
+    #[error("the network task stopped")]
+    Stopped,
+    /// The network task ended before answering a request.
+    #[error("the network task dropped the request")]
+    RequestDropped,
+    /// The limit on outbound requests in flight was reached.
+    #[error("too many requests in flight")]
+    TooManyRequests,
+    /// The request failed on the way out or back.
+    #[error(transparent)]
+    Outbound(#[from] OutboundFailure),
+}
+
 #[derive(Debug)]
 pub(crate) enum Command {
     Publish(Vec<u8>),
-    Request { peer: PeerId, message: Message, reply: oneshot::Sender<Result<Message, String>> },
+    Request { peer: PeerId, message: Message, reply: oneshot::Sender<Result<Message, NetError>> },
     Respond { id: u64, message: Message },
     Report { message_id: libp2p::gossipsub::MessageId, source: PeerId, acceptance: MessageAcceptance },
     Dial(Multiaddr),
@@ -181,24 +213,24 @@ impl Client {
         self.local
     }
 
-    async fn send(&self, c: Command) -> Result<(), String> {
-        self.tx.send(c).await.map_err(|_| "the network task stopped".to_string())
+    async fn send(&self, c: Command) -> Result<(), NetError> {
+        self.tx.send(c).await.map_err(|_| NetError::Stopped)
     }
 
     /// Gossips `data` on the run's topic.
-    pub async fn publish(&self, data: Vec<u8>) -> Result<(), String> {
+    pub async fn publish(&self, data: Vec<u8>) -> Result<(), NetError> {
         self.send(Command::Publish(data)).await
     }
 
     /// Sends a request and waits for the response.
-    pub async fn request(&self, peer: PeerId, message: Message) -> Result<Message, String> {
+    pub async fn request(&self, peer: PeerId, message: Message) -> Result<Message, NetError> {
         let (reply, rx) = oneshot::channel();
         self.send(Command::Request { peer, message, reply }).await?;
-        rx.await.map_err(|_| "the network task dropped the request".to_string())?
+        rx.await.map_err(|_| NetError::RequestDropped)?
     }
 
     /// Answers request `id`.
-    pub async fn respond(&self, id: u64, message: Message) -> Result<(), String> {
+    pub async fn respond(&self, id: u64, message: Message) -> Result<(), NetError> {
         self.send(Command::Respond { id, message }).await
     }
 
@@ -218,20 +250,20 @@ impl Client {
     }
 
     /// Dials an address.
-    pub async fn dial(&self, addr: Multiaddr) -> Result<(), String> {
+    pub async fn dial(&self, addr: Multiaddr) -> Result<(), NetError> {
         self.send(Command::Dial(addr)).await
     }
 
     /// Listens through a relay (reservation) at `relay` (with /p2p/).
-    pub async fn listen_via_relay(&self, relay: Multiaddr) -> Result<(), String> {
+    pub async fn listen_via_relay(&self, relay: Multiaddr) -> Result<(), NetError> {
         self.send(Command::ListenRelay(relay)).await
     }
 
     /// A snapshot of the network.
-    pub async fn info(&self) -> Result<NetInfo, String> {
+    pub async fn info(&self) -> Result<NetInfo, NetError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Info(tx)).await?;
-        rx.await.map_err(|_| "the network task stopped".to_string())
+        rx.await.map_err(|_| NetError::Stopped)
     }
 
     /// Stops the network task.

@@ -98,10 +98,10 @@ pub struct NodeOptions {
 /// `Ok(None)`: the peer no longer holds it).
 #[derive(Debug)]
 pub(crate) enum Internal {
-    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, String> },
-    Announcement { id: UpdateId, from: NodeId, result: Result<Option<Signed<UpdateAnnouncement>>, String> },
-    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, String> },
-    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, String> },
+    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, fetch::FetchError> },
+    Announcement { id: UpdateId, from: NodeId, result: Result<Option<Signed<UpdateAnnouncement>>, fetch::FetchError> },
+    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, fetch::FetchError> },
+    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, fetch::FetchError> },
 }
 
 /// Wall-clock now, in the engine's time.

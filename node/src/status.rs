@@ -184,22 +184,47 @@ pub fn human_bytes(b: u64) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
+/// Why `ragtag status` could not read a node's status: shown to the user.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusFetchError {
+    /// The node did not accept the connection in time.
+    #[error("timed out connecting to {addr}")]
+    Timeout {
+        /// The metrics address.
+        addr: String,
+    },
+    /// The connection was refused or failed.
+    #[error("cannot connect to {addr}: {source} (is a node running with --metrics {addr}?)")]
+    Connect {
+        /// The metrics address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Sending the request or reading the answer failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// The answer is not an HTTP response.
+    #[error("malformed HTTP response")]
+    MalformedHttp,
+    /// The body is not a status.
+    #[error("malformed status: {0}")]
+    MalformedStatus(#[source] serde_json::Error),
+}
+
 /// Fetches `/status` from a node's metrics address (plain HTTP/1.0 GET).
-pub async fn fetch(addr: &str) -> Result<Status, String> {
+pub async fn fetch(addr: &str) -> Result<Status, StatusFetchError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
         .await
-        .map_err(|_| format!("timed out connecting to {addr}"))?
-        .map_err(|e| format!("cannot connect to {addr}: {e} (is a node running with --metrics {addr}?)"))?;
-    stream
-        .write_all(format!("GET /status HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| StatusFetchError::Timeout { addr: addr.into() })?
+        .map_err(|source| StatusFetchError::Connect { addr: addr.into(), source })?;
+    stream.write_all(format!("GET /status HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
     let mut buf = Vec::new();
-    stream.take(1 << 20).read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
+    stream.take(1 << 20).read_to_end(&mut buf).await?;
     let text = String::from_utf8_lossy(&buf);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).ok_or("malformed HTTP response")?;
-    serde_json::from_str(body).map_err(|e| format!("malformed status: {e}"))
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).ok_or(StatusFetchError::MalformedHttp)?;
+    serde_json::from_str(body).map_err(StatusFetchError::MalformedStatus)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use std::{path::Path, str::FromStr};
 
-use libp2p::pnet::PreSharedKey;
+use libp2p::pnet::{KeyParseError, PreSharedKey};
 
 /// Swarm key errors.
 #[derive(Debug, thiserror::Error)]
@@ -13,7 +13,7 @@ pub enum SwarmKeyError {
     Io(String, std::io::Error),
     /// The file is not a swarm key.
     #[error("{0}: not a swarm key (expected /key/swarm/psk/1.0.0/, /base16/ and 64 hex digits): {1}")]
-    Malformed(String, String),
+    Malformed(String, #[source] KeyParseError),
     /// No OS randomness.
     #[error("no OS randomness: {0}")]
     Random(String),
@@ -34,8 +34,8 @@ pub fn load(path: &Path) -> Result<PreSharedKey, SwarmKeyError> {
 }
 
 /// Parses the IPFS swarm key format.
-pub fn parse(text: &str) -> Result<PreSharedKey, String> {
-    PreSharedKey::from_str(text.trim()).map_err(|e| e.to_string())
+pub fn parse(text: &str) -> Result<PreSharedKey, KeyParseError> {
+    PreSharedKey::from_str(text.trim())
 }
 
 /// Writes a key file with mode 0600.

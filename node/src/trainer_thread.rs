@@ -37,6 +37,20 @@ pub enum TrainerCommand {
     Shutdown,
 }
 
+/// Why the trainer could not start or checkpoint: the node stops or logs it.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// The model, data or device failed.
+    #[error(transparent)]
+    Model(#[from] ragtag_models::Error),
+    /// The OS would not start the thread.
+    #[error("cannot start the trainer thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The thread ended before reporting its start.
+    #[error("the trainer thread died during start-up")]
+    DiedAtStart,
+}
+
 /// What the trainer thread reports.
 #[derive(Debug)]
 pub enum TrainerReply {
@@ -57,7 +71,7 @@ pub enum TrainerReply {
         result: EvalResult,
     },
     /// A checkpoint was written or restored.
-    Checkpointed(Result<PathBuf, String>),
+    Checkpointed(Result<PathBuf, TrainerError>),
     /// A local phase failed; the thread goes on.
     PhaseFailed {
         /// The phase's round.
@@ -155,9 +169,9 @@ pub fn spawn(
     cfg: TrainerConfig,
     pace: Pace,
     replies: tokio::sync::mpsc::Sender<TrainerReply>,
-) -> Result<TrainerHandle, String> {
+) -> Result<TrainerHandle, TrainerError> {
     let (tx, rx) = mpsc::sync_channel::<TrainerCommand>(COMMAND_CAPACITY);
-    let (info_tx, info_rx) = mpsc::sync_channel::<Result<TrainerInfo, String>>(1);
+    let (info_tx, info_rx) = mpsc::sync_channel::<Result<TrainerInfo, TrainerError>>(1);
     let thread = std::thread::Builder::new()
         .name("ragtag-trainer".into())
         .spawn(move || {
@@ -173,21 +187,19 @@ pub fn spawn(
             };
             serve(&mut trainer, pace, rx, replies);
         })
-        .map_err(|e| format!("cannot start the trainer thread: {e}"))?;
-    let info = info_rx.recv().map_err(|_| "the trainer thread died during start-up".to_string())??;
+        .map_err(TrainerError::Thread)?;
+    let info = info_rx.recv().map_err(|_| TrainerError::DiedAtStart)??;
     Ok(TrainerHandle { tx, thread: Some(thread), info })
 }
 
-fn start(cfg: &TrainerConfig, pace: Pace) -> Result<(Trainer, TrainerInfo), String> {
-    let trainer = Trainer::new(cfg.clone()).map_err(|e| e.to_string())?;
-    let initial = trainer.export_params().map_err(|e| e.to_string())?;
+fn start(cfg: &TrainerConfig, pace: Pace) -> Result<(Trainer, TrainerInfo), TrainerError> {
+    let trainer = Trainer::new(cfg.clone())?;
+    let initial = trainer.export_params()?;
     // Measure the speed on a throwaway trainer, so the real one starts
     // from the run's exact initial state.
-    let mut bench = Trainer::with_dataset(cfg.clone(), trainer.dataset().clone()).map_err(|e| e.to_string())?;
+    let mut bench = Trainer::with_dataset(cfg.clone(), trainer.dataset().clone())?;
     let t = Instant::now();
-    bench
-        .run_phase(&initial, BENCH_STEPS, LocalMode::Train, PullConfig { p: 0.0, lambda: 0.0 }, 0)
-        .map_err(|e| e.to_string())?;
+    bench.run_phase(&initial, BENCH_STEPS, LocalMode::Train, PullConfig { p: 0.0, lambda: 0.0 }, 0)?;
     let per_step = pace.emulated(t.elapsed() / BENCH_STEPS).as_secs_f64();
     let ds = trainer.dataset();
     let info = TrainerInfo {
@@ -257,10 +269,10 @@ fn serve(
                 Err(e) => TrainerReply::Failed(format!("evaluation: {e}")),
             },
             TrainerCommand::Checkpoint(path) => {
-                TrainerReply::Checkpointed(trainer.save_checkpoint(&path).map(|_| path).map_err(|e| e.to_string()))
+                TrainerReply::Checkpointed(trainer.save_checkpoint(&path).map(|_| path).map_err(TrainerError::from))
             }
             TrainerCommand::Restore(path) => {
-                TrainerReply::Checkpointed(trainer.load_checkpoint(&path).map(|_| path).map_err(|e| e.to_string()))
+                TrainerReply::Checkpointed(trainer.load_checkpoint(&path).map(|_| path).map_err(TrainerError::from))
             }
         };
         if replies.blocking_send(reply).is_err() {

@@ -58,16 +58,27 @@ pub enum CodecError {
     },
     /// The codec parameters are unusable.
     #[error("bad codec parameters: {0}")]
-    Params(String),
+    Params(#[from] CodecParamsError),
+}
+
+/// Why codec parameters are unusable: a manifest or peer can name any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CodecParamsError {
+    /// An int8 block size of zero or over 2^20 values.
+    #[error("int8 block {0}")]
+    Int8Block(u32),
+    /// A top-k share of zero or over a thousand per mille.
+    #[error("top-k per_mille {0}")]
+    TopKPerMille(u32),
 }
 
 impl CodecKind {
     /// Checks the parameters.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), CodecParamsError> {
         match *self {
-            CodecKind::Int8 { block } if block == 0 || block > 1 << 20 => Err(format!("int8 block {block}")),
+            CodecKind::Int8 { block } if block == 0 || block > 1 << 20 => Err(CodecParamsError::Int8Block(block)),
             CodecKind::TopK { per_mille } if per_mille == 0 || per_mille > 1000 => {
-                Err(format!("top-k per_mille {per_mille}"))
+                Err(CodecParamsError::TopKPerMille(per_mille))
             }
             _ => Ok(()),
         }
@@ -174,7 +185,7 @@ pub struct Payload<'a> {
 impl<'a> Payload<'a> {
     /// Checks that `bytes` is a well-formed `kind` payload of `n` values.
     pub fn parse(kind: CodecKind, n: usize, bytes: &'a [u8]) -> Result<Self, CodecError> {
-        kind.validate().map_err(CodecError::Params)?;
+        kind.validate()?;
         let length_error = |expected: String| CodecError::Length { codec: kind, n, got: bytes.len(), expected };
         match kind {
             CodecKind::F32 | CodecKind::F16 | CodecKind::Int8 { .. } => {

@@ -32,8 +32,8 @@ use std::{
 };
 
 pub use config::{
-    AntiEntropyConfig, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind, PullConfig,
-    Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
+    AntiEntropyConfig, ConfigError, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind,
+    PullConfig, Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
 pub use io::{EngineEvent, Input, LocalPhase, LocalResult, Output, Publication};
 use membership::{Membership, PeerInfo};

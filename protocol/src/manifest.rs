@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    engine::{EngineConfig, Strategy},
+    engine::{ConfigError, EngineConfig, Strategy},
     ids::{Hash32, RunId},
 };
 
@@ -221,6 +221,9 @@ pub enum ManifestError {
     /// A setting is out of range.
     #[error("invalid manifest: {0}")]
     Invalid(String),
+    /// The engine config is unusable.
+    #[error("invalid manifest: {0}")]
+    Engine(#[from] ConfigError),
 }
 
 impl Manifest {
@@ -295,7 +298,7 @@ impl Manifest {
         if self.format != Self::FORMAT {
             return Err(ManifestError::Invalid(format!("format {} (this build reads {})", self.format, Self::FORMAT)));
         }
-        self.engine.validate().map_err(ManifestError::Invalid)?;
+        self.engine.validate()?;
         let t = &self.training;
         if t.batch_size == 0 || t.batch_size > 1 << 16 {
             return Err(ManifestError::Invalid(format!("batch_size {}", t.batch_size)));

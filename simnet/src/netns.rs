@@ -6,13 +6,37 @@
 
 use std::process::Command;
 
+/// Why a namespace command failed: tests print it and stop.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// The program could not be started.
+    #[error("{command}: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The program ran and failed.
+    #[error("{command}: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Its stderr, trimmed.
+        stderr: String,
+    },
+}
+
 /// Runs `ip` (or another tool) and fails loudly with its stderr.
-fn run(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args.join(" ")))?;
+fn run(args: &[&str]) -> Result<(), NetnsError> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|source| NetnsError::Spawn { command: args.join(" "), source })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        Err(NetnsError::Failed { command: args.join(" "), stderr: String::from_utf8_lossy(&out.stderr).trim().into() })
     }
 }
 
@@ -35,7 +59,7 @@ impl Lab {
 
     /// `hosts` namespaces on one bridge, addresses 10.77.<net>.1.. (the
     /// third octet keeps concurrent labs apart).
-    pub fn new(name: &str, hosts: usize, net: u8) -> Result<Self, String> {
+    pub fn new(name: &str, hosts: usize, net: u8) -> Result<Self, NetnsError> {
         let prefix = format!("rt{}-{name}", std::process::id() % 10_000);
         let bridge_ns = format!("{prefix}-br");
         let lab = Self { prefix, hosts, bridge_ns };
@@ -82,7 +106,7 @@ impl Lab {
     }
 
     /// Runs a command inside a namespace.
-    pub fn exec_in(&self, ns: &str, args: &[&str]) -> Result<(), String> {
+    pub fn exec_in(&self, ns: &str, args: &[&str]) -> Result<(), NetnsError> {
         let mut all = vec!["ip", "netns", "exec", ns];
         all.extend_from_slice(args);
         run(&all)
@@ -94,7 +118,7 @@ impl Lab {
     }
 
     /// Moves `hosts` to the second bridge: they and the rest can no longer talk.
-    pub fn partition(&self, hosts: &[usize]) -> Result<(), String> {
+    pub fn partition(&self, hosts: &[usize]) -> Result<(), NetnsError> {
         for i in hosts {
             self.exec_in(&self.bridge_ns, &["ip", "link", "set", &format!("p{i}"), "master", "br1"])?;
         }
@@ -102,7 +126,7 @@ impl Lab {
     }
 
     /// Puts every host back on one bridge.
-    pub fn heal(&self) -> Result<(), String> {
+    pub fn heal(&self) -> Result<(), NetnsError> {
         for i in 0..self.hosts {
             self.exec_in(&self.bridge_ns, &["ip", "link", "set", &format!("p{i}"), "master", "br0"])?;
         }
@@ -112,7 +136,7 @@ impl Lab {
     /// Puts host `inside` behind host `router`, which masquerades (NAT) its
     /// traffic onto the bridge: `inside` can dial out, nobody can dial in.
     /// `inside` gets 10.78.<net>.2 with the router at 10.78.<net>.1.
-    pub fn nat(&self, router: usize, inside: usize, net: u8) -> Result<(), String> {
+    pub fn nat(&self, router: usize, inside: usize, net: u8) -> Result<(), NetnsError> {
         let (r, h) = (self.host(router), self.host(inside));
         // Off the bridge: the only way out is through the router.
         self.exec_in(&self.bridge_ns, &["ip", "link", "set", &format!("p{inside}"), "nomaster"])?;
@@ -135,7 +159,7 @@ impl Lab {
     }
 
     /// Shapes host `i`'s outgoing traffic with tc netem (e.g. "delay 20ms rate 100mbit").
-    pub fn netem(&self, i: usize, spec: &str) -> Result<(), String> {
+    pub fn netem(&self, i: usize, spec: &str) -> Result<(), NetnsError> {
         let mut args = vec!["tc", "qdisc", "add", "dev"];
         let dev = format!("h{i}");
         args.push(&dev);

@@ -17,7 +17,8 @@ use ragtag_protocol::wire::{ErrorReply, Message};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetInfo, NodeBehaviour, NodeBehaviourEvent,
+    COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetError, NetInfo, NodeBehaviour,
+    NodeBehaviourEvent,
 };
 
 /// Inbound requests awaiting our response at most.
@@ -31,11 +32,11 @@ const MAX_DIALED_PEERS: usize = 64;
 pub fn spawn(
     cfg: Config,
     registry: &mut prometheus_client::registry::Registry,
-) -> Result<(Client, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>), String> {
-    let mut swarm = super::transport::build_swarm(&cfg, registry).map_err(|e| format!("building the swarm: {e}"))?;
+) -> Result<(Client, mpsc::Receiver<Event>, tokio::task::JoinHandle<()>), NetError> {
+    let mut swarm = super::transport::build_swarm(&cfg, registry).map_err(NetError::Build)?;
     let metrics = Metrics::new(registry);
     for addr in &cfg.listen {
-        swarm.listen_on(addr.clone()).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        swarm.listen_on(addr.clone()).map_err(|source| NetError::Listen { addr: addr.clone(), source })?;
     }
     for addr in &cfg.bootstrap {
         if let Some(peer) = peer_of(addr) {
@@ -108,7 +109,7 @@ struct EventLoop {
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
     inbound: HashMap<u64, request_response::ResponseChannel<Message>>,
-    outbound: HashMap<request_response::OutboundRequestId, oneshot::Sender<Result<Message, String>>>,
+    outbound: HashMap<request_response::OutboundRequestId, oneshot::Sender<Result<Message, NetError>>>,
     next_inbound: u64,
     penalties: BTreeMap<PeerId, u32>,
     listen: Vec<Multiaddr>,
@@ -160,7 +161,7 @@ impl EventLoop {
             }
             Command::Request { peer, message, reply } => {
                 if self.outbound.len() >= MAX_INFLIGHT_REQUESTS {
-                    let _ = reply.send(Err("too many requests in flight".into()));
+                    let _ = reply.send(Err(NetError::TooManyRequests));
                     return;
                 }
                 let id = b.rr.send_request(&peer, message);
@@ -366,7 +367,7 @@ impl EventLoop {
             },
             request_response::Event::OutboundFailure { request_id, error, .. } => {
                 if let Some(reply) = self.outbound.remove(&request_id) {
-                    let _ = reply.send(Err(error.to_string()));
+                    let _ = reply.send(Err(error.into()));
                 }
             }
             request_response::Event::InboundFailure { peer, error, .. } => {

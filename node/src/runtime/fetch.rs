@@ -4,26 +4,50 @@
 
 use libp2p::PeerId;
 use ragtag_protocol::{
-    chunks::Reassembly,
+    chunks::{ChunkError, Reassembly},
     engine::ReplicaState,
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
-    manifest::Manifest,
+    manifest::{Manifest, ManifestError},
     wire::{
-        Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, PayloadRequest, ReplicaDigest, StateRequest, UpdateAnnouncement,
+        Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, MessageKind, PayloadRequest, ReplicaDigest, StateRequest,
+        UpdateAnnouncement,
     },
 };
 
-use crate::net::Client;
+use crate::net::{Client, NetError};
 
 /// Largest replica state we accept (anchor, momentum, buffers of a 5M
 /// parameter model fit comfortably).
 pub(crate) const MAX_STATE_BYTES: u64 = 1 << 30;
 
-fn unexpected(m: &Message) -> String {
+/// Why a fetch from a peer failed: the caller logs it or asks another peer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// The request did not get an answer.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The peer answered with an error.
+    #[error("peer answered {0:?}")]
+    Refused(ErrorReply),
+    /// The peer answered with the wrong kind of message.
+    #[error("unexpected answer {0:?}")]
+    Unexpected(MessageKind),
+    /// The chunks do not make up the object.
+    #[error(transparent)]
+    Chunks(#[from] ChunkError),
+    /// The reassembled state is not a replica state.
+    #[error("state does not decode: {0}")]
+    StateDecode(#[source] postcard::Error),
+    /// The manifest is not the run's or is invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+}
+
+fn unexpected(m: &Message) -> FetchError {
     match m {
-        Message::Error(e) => format!("peer answered {e:?}"),
-        other => format!("unexpected answer {:?}", other.kind()),
+        Message::Error(e) => FetchError::Refused(*e),
+        other => FetchError::Unexpected(other.kind()),
     }
 }
 
@@ -33,19 +57,19 @@ async fn fetch_chunked(
     peer: PeerId,
     max_total: u64,
     mut request: impl FnMut(u64, Hash32) -> Message,
-    extract: impl Fn(Message) -> Result<Chunk, String>,
-) -> Result<(Vec<u8>, Hash32), String> {
+    extract: impl Fn(Message) -> Result<Chunk, FetchError>,
+) -> Result<(Vec<u8>, Hash32), FetchError> {
     let mut object = Reassembly::new(max_total);
     loop {
         let chunk = extract(net.request(peer, request(object.offset(), object.hash())).await?)?;
-        if let Some(done) = object.push(chunk).map_err(|e| e.to_string())? {
+        if let Some(done) = object.push(chunk)? {
             return Ok(done);
         }
     }
 }
 
 /// A payload of `len` bytes from `peer`.
-pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) -> Result<Vec<u8>, String> {
+pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) -> Result<Vec<u8>, FetchError> {
     let (bytes, _) = fetch_chunked(
         net,
         peer,
@@ -61,7 +85,7 @@ pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) 
 }
 
 /// A peer's replica state, decoded (the caller verifies it against the manifest).
-pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<ReplicaState, String> {
+pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<ReplicaState, FetchError> {
     let (bytes, _) = fetch_chunked(
         net,
         peer,
@@ -75,13 +99,13 @@ pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<R
         },
     )
     .await?;
-    postcard::from_bytes(&bytes).map_err(|e| format!("state does not decode: {e}"))
+    postcard::from_bytes(&bytes).map_err(FetchError::StateDecode)
 }
 
 /// The manifest of `run_id`, checked against its hash.
-pub(crate) async fn manifest(net: &Client, peer: PeerId, run_id: RunId) -> Result<Manifest, String> {
+pub(crate) async fn manifest(net: &Client, peer: PeerId, run_id: RunId) -> Result<Manifest, FetchError> {
     match net.request(peer, Message::ManifestRequest(run_id)).await? {
-        Message::Manifest(bytes) => Manifest::decode_for_run(&bytes, run_id).map_err(|e| e.to_string()),
+        Message::Manifest(bytes) => Ok(Manifest::decode_for_run(&bytes, run_id)?),
         other => Err(unexpected(&other)),
     }
 }
@@ -91,7 +115,7 @@ pub(crate) async fn announcement(
     net: &Client,
     peer: PeerId,
     id: UpdateId,
-) -> Result<Option<Signed<UpdateAnnouncement>>, String> {
+) -> Result<Option<Signed<UpdateAnnouncement>>, FetchError> {
     match net.request(peer, Message::AnnouncementRequest(id)).await? {
         Message::Announce(s) => Ok(Some(s)),
         Message::Error(ErrorReply::NotFound) => Ok(None),
@@ -100,7 +124,7 @@ pub(crate) async fn announcement(
 }
 
 /// Exchanges anti-entropy digests.
-pub(crate) async fn digest(net: &Client, peer: PeerId, mine: ReplicaDigest) -> Result<ReplicaDigest, String> {
+pub(crate) async fn digest(net: &Client, peer: PeerId, mine: ReplicaDigest) -> Result<ReplicaDigest, FetchError> {
     match net.request(peer, Message::Digest(mine)).await? {
         Message::Digest(d) => Ok(d),
         other => Err(unexpected(&other)),

@@ -289,9 +289,11 @@ impl Node {
                     self.engine.handle(now(), Input::FetchFailed { id, from, reason: None });
                     return;
                 };
-                match result.map_err(|e| (None, e)).and_then(|bytes| match self.validator.check_payload(a, &bytes) {
-                    Ok(norm) => Ok((bytes, norm)),
-                    Err(r) => Err((Some(r), r.to_string())),
+                match result.map_err(|e| (None, e.to_string())).and_then(|bytes| {
+                    match self.validator.check_payload(a, &bytes) {
+                        Ok(norm) => Ok((bytes, norm)),
+                        Err(r) => Err((Some(r), r.to_string())),
+                    }
                 }) {
                     Ok((bytes, norm)) => {
                         self.bytes_in += bytes.len() as u64;

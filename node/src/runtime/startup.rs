@@ -84,7 +84,7 @@ pub async fn manifest(
         for &p in peers {
             match fetch::manifest(net, p, run).await {
                 Ok(m) => return Ok(m),
-                Err(e) => last = e,
+                Err(e) => last = e.to_string(),
             }
         }
         bail!("could not fetch the manifest of run {run} from the bootstrap peers: {last}");

@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::inner_lr::InnerLr;
-use crate::codec::CodecKind;
+use super::inner_lr::{InnerLr, InnerLrError};
+use crate::codec::{CodecKind, CodecParamsError};
 
 /// The strategies we compare side by side (DESIGN.md §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -388,37 +388,77 @@ impl EngineConfig {
     }
 
     /// Checks the values a manifest could get wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.h == 0 || self.h_min == 0 || self.h_min > self.h {
-            return Err(format!("need 0 < h_min ({}) <= h ({})", self.h_min, self.h));
+            return Err(ConfigError::Steps { h: self.h, h_min: self.h_min });
         }
         if !(self.outer.eta.is_finite() && self.outer.eta > 0.0) {
-            return Err(format!("outer eta must be positive, got {}", self.outer.eta));
+            return Err(ConfigError::OuterEta(self.outer.eta));
         }
         if !(0.0..1.0).contains(&self.outer.beta) {
-            return Err(format!("outer beta must be in [0, 1), got {}", self.outer.beta));
+            return Err(ConfigError::OuterBeta(self.outer.beta));
         }
         if !(0.0..1.0).contains(&self.pull.p) {
-            return Err(format!("pull p must be in [0, 1), got {}", self.pull.p));
+            return Err(ConfigError::PullP(self.pull.p));
         }
         if self.local == LocalMode::Gradient && self.outer.kind != OuterKind::AdamW && self.outer.kind != OuterKind::Sgd
         {
-            return Err("gradient mode needs an AdamW or SGD outer optimiser".into());
+            return Err(ConfigError::GradientOuter);
         }
         if let Schedule::Tick { margin, grace, .. } = self.schedule {
             if !(0.0..0.5).contains(&margin) {
-                return Err(format!("tick margin must be in [0, 0.5), got {margin}"));
+                return Err(ConfigError::TickMargin(margin));
             }
             if grace.is_nan() || grace < 0.0 {
-                return Err(format!("tick grace must be a non-negative fraction of the period, got {grace}"));
+                return Err(ConfigError::TickGrace(grace));
             }
         }
         if self.membership.max_peers == 0 || self.membership.peer_timeout_ms == 0 {
-            return Err("membership limits must be positive".into());
+            return Err(ConfigError::Membership);
         }
-        self.inner_lr.validate().map_err(|e| e.to_string())?;
-        self.codec.validate()
+        self.inner_lr.validate()?;
+        Ok(self.codec.validate()?)
     }
+}
+
+/// Why an engine config is unusable: a manifest can carry any values.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// Inner steps out of order or zero.
+    #[error("need 0 < h_min ({h_min}) <= h ({h})")]
+    Steps {
+        /// Reference inner steps per round.
+        h: u32,
+        /// Fewest inner steps worth a round.
+        h_min: u32,
+    },
+    /// Outer learning rate not positive and finite.
+    #[error("outer eta must be positive, got {0}")]
+    OuterEta(f32),
+    /// Outer momentum outside [0, 1).
+    #[error("outer beta must be in [0, 1), got {0}")]
+    OuterBeta(f32),
+    /// Pull probability outside [0, 1).
+    #[error("pull p must be in [0, 1), got {0}")]
+    PullP(f32),
+    /// Gradient mode with an outer optimiser it cannot use.
+    #[error("gradient mode needs an AdamW or SGD outer optimiser")]
+    GradientOuter,
+    /// Tick margin outside [0, 0.5).
+    #[error("tick margin must be in [0, 0.5), got {0}")]
+    TickMargin(f32),
+    /// Tick grace negative or NaN.
+    #[error("tick grace must be a non-negative fraction of the period, got {0}")]
+    TickGrace(f32),
+    /// A membership limit of zero.
+    #[error("membership limits must be positive")]
+    Membership,
+    /// The inner learning-rate schedule is invalid.
+    #[error(transparent)]
+    InnerLr(#[from] InnerLrError),
+    /// The codec parameters are unusable.
+    #[error(transparent)]
+    Codec(#[from] CodecParamsError),
 }
 
 /// Changes to a strategy preset, as a manifest, scenario or command line

@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn smoothing_takes_the_lowest_run_of_three() {
-        assert_eq!(best_smoothed(&[3.0, 1.0, 2.0, 0.0, 0.0]), 1.0);
+        assert_eq!(best_smoothed(&[3.0, 1.0, 2.0, 0.0, 9.0]), 1.0);
         assert_eq!(best_smoothed(&[2.0, 1.5]), 1.5);
     }
 

@@ -87,35 +87,26 @@ fn candle_ms(c: &Case, steps: u32) -> anyhow::Result<f64> {
 
 /// JAX in a throwaway virtualenv under `target/`; `None` (with the reason
 /// printed) when it cannot be installed.
-fn jax_ms(repo: &Path, steps: u32) -> Result<serde_json::Value, String> {
+fn jax_ms(repo: &Path, steps: u32) -> anyhow::Result<serde_json::Value> {
     let venv = repo.join("target/bench-venv");
     let python = venv.join("bin/python");
     if !python.exists() {
-        let ok = Command::new("python3")
-            .args(["-m", "venv", venv.to_str().unwrap_or_default()])
-            .status()
-            .map_err(|e| e.to_string())?;
+        let ok = Command::new("python3").args(["-m", "venv", venv.to_str().unwrap_or_default()]).status()?;
         if !ok.success() {
-            return Err("python3 -m venv failed".into());
+            anyhow::bail!("python3 -m venv failed");
         }
-        let ok = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "jax[cpu]==0.8.1", "optax"])
-            .status()
-            .map_err(|e| e.to_string())?;
+        let ok =
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", "jax[cpu]==0.8.1", "optax"]).status()?;
         if !ok.success() {
-            return Err("pip install jax[cpu] optax failed".into());
+            anyhow::bail!("pip install jax[cpu] optax failed");
         }
     }
-    let out = Command::new(&python)
-        .arg(repo.join("tests/scripts/jax_reference.py"))
-        .arg(steps.to_string())
-        .output()
-        .map_err(|e| e.to_string())?;
+    let out = Command::new(&python).arg(repo.join("tests/scripts/jax_reference.py")).arg(steps.to_string()).output()?;
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+        anyhow::bail!("{}", String::from_utf8_lossy(&out.stderr));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or("")).map_err(|e| format!("{e}: {text}"))
+    serde_json::from_str(text.lines().last().unwrap_or("")).map_err(|e| anyhow::anyhow!("{e}: {text}"))
 }
 
 /// Runs every case; `steps` timed steps each.
