@@ -18,14 +18,13 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, Result};
 use libp2p::{Multiaddr, PeerId};
 use ragtag_models::{TrainerConfig, data::Shard, device::DeviceChoice};
 use ragtag_protocol::{
     Keypair, NodeId, Signed,
     engine::{Engine, Input},
     ids::{Hash32, UpdateId},
-    ledger::{LedgerWriter, RecordKind, SignedRecord},
+    ledger::{ChainError, LedgerWriter, RecordKind, SignedRecord},
     manifest::Manifest,
     time::Micros,
     validate::{RejectReason, UpdateValidator},
@@ -35,12 +34,12 @@ use tokio::sync::mpsc;
 
 use crate::{
     checkpoint, identity,
-    ledger::SledLedger,
+    ledger::{LedgerError, SledLedger},
     metrics::{Endpoint, NodeMetrics},
-    net,
+    net::{self, NetError},
     payload_store::PayloadStore,
     status::Status,
-    trainer_thread::{self, TrainerCommand, TrainerHandle, TrainerReply},
+    trainer_thread::{self, TrainerCommand, TrainerError, TrainerHandle, TrainerReply},
 };
 
 /// Internal results queued at most (fetches finishing).
@@ -58,6 +57,50 @@ const MAX_LOGGED_REJECTIONS: usize = 10_000;
 /// full, those the engine no longer fetches are dropped (it fetches at most
 /// `MAX_AWAITING`, so room always remains).
 const MAX_ANNOUNCED: usize = 2 * ragtag_protocol::engine::MAX_AWAITING;
+
+/// Why a node could not start or keep running: `ragtag run` prints it and
+/// exits. The network's and the trainer's errors are shown as their own
+/// messages, which already name their causes, so they are not repeated as
+/// sources.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The network could not be started.
+    #[error("{0}")]
+    Net(NetError),
+    /// The metrics and status endpoint could not be served.
+    #[error("serving metrics on {addr}")]
+    Metrics {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ledger database could not be opened.
+    #[error("opening the ledger")]
+    OpenLedger(#[source] LedgerError),
+    /// Our chain could not be read from the ledger.
+    #[error(transparent)]
+    ReadLedger(LedgerError),
+    /// Our chain's last record cannot be continued.
+    #[error(transparent)]
+    Chain(ChainError),
+    /// The task starting the trainer panicked or was cancelled.
+    #[error(transparent)]
+    TrainerTask(#[from] tokio::task::JoinError),
+    /// The trainer could not start.
+    #[error("{0}")]
+    Trainer(TrainerError),
+    /// The engine could not be made ready.
+    #[error(transparent)]
+    Startup(#[from] startup::StartupError),
+    /// The trainer did not take its checkpoint to restore.
+    #[error(transparent)]
+    Restore(trainer_thread::SendError),
+    /// A signal handler could not be installed.
+    #[error(transparent)]
+    Signal(std::io::Error),
+}
 
 /// Everything `ragtag run` decided.
 #[derive(Debug, Clone)]
@@ -173,7 +216,7 @@ pub(crate) struct Node {
 }
 
 /// Runs a node until a stop condition or a signal.
-pub async fn run(opts: NodeOptions) -> Result<Outcome> {
+pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     let manifest = opts.manifest.clone();
     let run_id = manifest.run_id();
     let me = opts.key.node_id();
@@ -181,13 +224,13 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     // Metrics first: the swarm registers libp2p's into the same registry.
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = NodeMetrics::register(&mut registry);
-    let (net, mut net_events, net_task) = net::spawn(opts.net.clone(), &mut registry).map_err(anyhow::Error::msg)?;
+    let (net, mut net_events, net_task) = net::spawn(opts.net.clone(), &mut registry).map_err(RuntimeError::Net)?;
     let registry = Arc::new(Mutex::new(registry));
     let status = Arc::new(RwLock::new(Status::default()));
     if let Some(addr) = opts.metrics {
         let bound = crate::metrics::serve(addr, Endpoint { registry: registry.clone(), status: status.clone() })
             .await
-            .with_context(|| format!("serving metrics on {addr}"))?;
+            .map_err(|source| RuntimeError::Metrics { addr, source })?;
         tracing::info!("metrics and status on http://{bound}/metrics and /status");
     }
 
@@ -197,10 +240,11 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     }
 
     // The ledger, continuing our own chain.
-    let ledger = SledLedger::open(&opts.state.join("ledger")).context("opening the ledger")?;
-    let last = ragtag_protocol::ledger::LedgerStore::last(&ledger)?;
-    let writer = LedgerWriter::resume(opts.key.clone(), run_id, last.as_ref()).map_err(anyhow::Error::msg)?;
-    let last_round = ragtag_protocol::ledger::LedgerStore::records(&ledger)?
+    let ledger = SledLedger::open(&opts.state.join("ledger")).map_err(RuntimeError::OpenLedger)?;
+    let last = ragtag_protocol::ledger::LedgerStore::last(&ledger).map_err(RuntimeError::ReadLedger)?;
+    let writer = LedgerWriter::resume(opts.key.clone(), run_id, last.as_ref()).map_err(RuntimeError::Chain)?;
+    let last_round = ragtag_protocol::ledger::LedgerStore::records(&ledger)
+        .map_err(RuntimeError::ReadLedger)?
         .iter()
         .rev()
         .filter_map(|r| r.decode_unverified().ok())
@@ -223,7 +267,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     let pace = opts.pace;
     let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, pace, trainer_tx))
         .await?
-        .map_err(anyhow::Error::msg)?;
+        .map_err(RuntimeError::Trainer)?;
     if let Some(reason) = &trainer.info.fallback_reason {
         tracing::info!("{reason}");
     }
@@ -310,7 +354,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     if origin == startup::Origin::Resumed {
         let path = opts.state.join(checkpoint::TRAINER_FILE);
         if path.exists() {
-            trainer.send(TrainerCommand::Restore(path)).map_err(anyhow::Error::msg)?;
+            trainer.send(TrainerCommand::Restore(path)).map_err(RuntimeError::Restore)?;
         }
     }
     if let Some(r) = last_round {
@@ -366,7 +410,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome> {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // Streams made once: a future made per loop turn (`ctrl_c()`) misses a
     // signal that arrives while the loop is busy between turns.
-    let signal = |kind| tokio::signal::unix::signal(kind);
+    let signal = |kind| tokio::signal::unix::signal(kind).map_err(RuntimeError::Signal);
     use tokio::signal::unix::SignalKind;
     let (mut sigterm, mut sigint, mut sighup) =
         (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?, signal(SignalKind::hangup())?);

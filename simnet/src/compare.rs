@@ -4,15 +4,38 @@
 
 use std::{fmt::Write as _, path::Path};
 
-use anyhow::Result;
 use ragtag_protocol::engine::Strategy;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    report::{RunSummary, loss_at_samples, secs},
+    plot::PlotError,
+    report::{ReportError, RunSummary, loss_at_samples, secs},
     scenario::Scenario,
-    sim::{RunOptions, RunOutput, run},
+    sim::{RunOptions, RunOutput, SimError, run},
 };
+
+/// Why a comparison could not be run or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    /// One of the runs failed.
+    #[error(transparent)]
+    Run(#[from] SimError),
+    /// The output directory could not be created.
+    #[error(transparent)]
+    CreateDir(std::io::Error),
+    /// The summary could not be serialised.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// summary.json could not be written.
+    #[error(transparent)]
+    WriteSummary(std::io::Error),
+    /// The CSV files could not be written.
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    /// The plots could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+}
 
 /// One strategy's figures, averaged over seeds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,7 +104,7 @@ pub fn compare(
     strategies: &[Strategy],
     seeds: u32,
     progress: bool,
-) -> Result<(Comparison, Vec<RunOutput>)> {
+) -> Result<(Comparison, Vec<RunOutput>), CompareError> {
     let mut outputs = Vec::new();
     let mut sweep = Vec::new();
     let mut ddp_lr = None;
@@ -240,9 +263,10 @@ pub fn table(c: &Comparison) -> String {
 }
 
 /// Writes summary.json, the CSV files and the plots into `dir`.
-pub fn write_all(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(c)? + "\n")?;
+pub fn write_all(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<(), CompareError> {
+    std::fs::create_dir_all(dir).map_err(CompareError::CreateDir)?;
+    std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(c)? + "\n")
+        .map_err(CompareError::WriteSummary)?;
     crate::report::write_csv(dir, outputs)?;
     crate::plot::write_plots(dir, c, outputs)?;
     Ok(())

@@ -3,8 +3,11 @@
 
 use std::{path::Path, sync::Once};
 
-use anyhow::{Result, anyhow};
-use plotters::prelude::*;
+use plotters::{
+    backend::{BitMapBackend, DrawingBackend},
+    drawing::DrawingAreaErrorKind,
+    prelude::*,
+};
 
 use crate::{compare::Comparison, sim::RunOutput};
 
@@ -16,6 +19,14 @@ fn register_font() {
         // Registration only fails on an invalid font file, which this is not.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, bytes);
     });
+}
+
+/// Why a chart could not be drawn or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// plotters failed to draw or to write the PNG.
+    #[error(transparent)]
+    Draw(#[from] DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>),
 }
 
 /// A named series of (x, y) points.
@@ -40,7 +51,7 @@ pub fn line_chart(
     y_label: &str,
     series: &[Series],
     hline: Option<f64>,
-) -> Result<()> {
+) -> Result<(), PlotError> {
     register_font();
     let points = series.iter().flat_map(|(_, p)| p.iter()).filter(|(x, y)| x.is_finite() && y.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -59,32 +70,22 @@ pub fn line_chart(
     }
     let pad = ((y1 - y0) * 0.05).max(1e-9);
     let root = BitMapBackend::new(path, (1000, 640)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 24))
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), (y0 - pad)..(y1 + pad))
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .label_style(("sans-serif", 15))
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
+        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), (y0 - pad)..(y1 + pad))?;
+    chart.configure_mesh().x_desc(x_label).y_desc(y_label).label_style(("sans-serif", 15)).draw()?;
     if let Some(h) = hline {
-        chart
-            .draw_series(DashedLineSeries::new(vec![(x0, h), (x1, h)], 6, 4, BLACK.stroke_width(1)))
-            .map_err(|e| anyhow!("{e}"))?;
+        chart.draw_series(DashedLineSeries::new(vec![(x0, h), (x1, h)], 6, 4, BLACK.stroke_width(1)))?;
     }
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let style = if name.starts_with("ideal") { BLACK.stroke_width(2) } else { color.stroke_width(2) };
         chart
-            .draw_series(LineSeries::new(pts.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()), style))
-            .map_err(|e| anyhow!("{e}"))?
+            .draw_series(LineSeries::new(pts.iter().copied().filter(|(x, y)| x.is_finite() && y.is_finite()), style))?
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
     }
@@ -93,9 +94,8 @@ pub fn line_chart(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
-    root.present().map_err(|e| anyhow!("{e}"))?;
+        .draw()?;
+    root.present()?;
     Ok(())
 }
 
@@ -113,7 +113,7 @@ fn first_runs(outputs: &[RunOutput]) -> Vec<&RunOutput> {
 }
 
 /// Writes every plot of a comparison into `dir`.
-pub fn write_plots(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<()> {
+pub fn write_plots(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<(), PlotError> {
     let runs = first_runs(outputs);
     let name = |o: &RunOutput| o.strategy.name().to_string();
 

@@ -12,16 +12,69 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
 use ragtag_protocol::engine::{Schedule, Strategy};
 
 use crate::{
     measure::{LayerRecorder, Sample, Tally},
-    netns::Lab,
+    netns::{Lab, NetnsError},
     scenario::Scenario,
     sim::{NodeOutput, RunOutput},
     speed,
 };
+
+/// Why a real run could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum RealError {
+    /// Our own executable's path is unknown.
+    #[error(transparent)]
+    CurrentExe(std::io::Error),
+    /// Our executable's path has no parent directory.
+    #[error("executable directory")]
+    ExeDir,
+    /// A workspace binary is not beside ours.
+    #[error("{path} not found next to ragtag-simnet: build the workspace binaries first (cargo build --release)")]
+    MissingBinary {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// A directory for the run's files could not be created.
+    #[error(transparent)]
+    CreateDir(std::io::Error),
+    /// A process's stderr.log could not be created.
+    #[error(transparent)]
+    StderrLog(std::io::Error),
+    /// A process could not be started.
+    #[error("starting {bin}")]
+    Start {
+        /// The binary.
+        bin: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A started process has no stdout pipe.
+    #[error("stdout")]
+    NoStdout,
+    /// The system clock is before 1970.
+    #[error(transparent)]
+    Clock(#[from] std::time::SystemTimeError),
+    /// The manifest could not be serialised.
+    #[error(transparent)]
+    ManifestToml(#[from] toml::ser::Error),
+    /// The manifest file could not be written.
+    #[error(transparent)]
+    WriteManifest(std::io::Error),
+    /// The network namespaces could not be set up (shown as the command's
+    /// own message, which already names its cause).
+    #[error("{0}")]
+    Netns(NetnsError),
+    /// The bootstrap did not print its address in time.
+    #[error("the bootstrap printed no address")]
+    NoBootstrapAddress(#[source] mpsc::RecvTimeoutError),
+    /// The data file's absolute path could not be formed.
+    #[error(transparent)]
+    DataPath(std::io::Error),
+}
 
 /// How a real run is set up.
 #[derive(Debug, Clone)]
@@ -52,20 +105,17 @@ impl Drop for Launched {
     }
 }
 
-fn sibling(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.parent().context("executable directory")?.join(name);
+fn sibling(name: &str) -> Result<PathBuf, RealError> {
+    let exe = std::env::current_exe().map_err(RealError::CurrentExe)?;
+    let path = exe.parent().ok_or(RealError::ExeDir)?.join(name);
     if !path.exists() {
-        bail!(
-            "{} not found next to ragtag-simnet: build the workspace binaries first (cargo build --release)",
-            path.display()
-        );
+        return Err(RealError::MissingBinary { path });
     }
     Ok(path)
 }
 
-fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: f64) -> Result<Launched> {
-    std::fs::create_dir_all(dir)?;
+fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: f64) -> Result<Launched, RealError> {
+    std::fs::create_dir_all(dir).map_err(RealError::CreateDir)?;
     let (program, rest): (String, Vec<String>) = match prefix.split_first() {
         Some((p, r)) => {
             (p.clone(), r.iter().cloned().chain([bin.display().to_string()]).chain(args.iter().cloned()).collect())
@@ -78,11 +128,11 @@ fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: 
         .env("RUST_LOG", "warn")
         .env("RAYON_NUM_THREADS", "1")
         .stdout(Stdio::piped())
-        .stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?))
+        .stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log")).map_err(RealError::StderrLog)?))
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .map_err(|source| RealError::Start { bin: bin.to_path_buf(), source })?;
     let (tx, rx) = mpsc::sync_channel(1 << 16);
-    let out = child.stdout.take().context("stdout")?;
+    let out = child.stdout.take().ok_or(RealError::NoStdout)?;
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if tx.send(line).is_err() {
@@ -101,7 +151,7 @@ struct NodeReport {
 }
 
 /// Runs the scenario's nodes as real processes.
-pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
+pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, RealError> {
     let ragtag = sibling("ragtag")?;
     let bootstrap_bin = sibling("ragtag-bootstrap")?;
     let profiles = speed::profiles(scenario, scenario.seed);
@@ -111,14 +161,14 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
     if let (Schedule::Tick { period_ms, .. }, Some(tick)) = (&mut manifest.engine.schedule, opts.tick_ms) {
         *period_ms = Some(tick);
     }
-    std::fs::create_dir_all(&opts.out)?;
+    std::fs::create_dir_all(&opts.out).map_err(RealError::CreateDir)?;
     let manifest_path = opts.out.join("manifest.toml");
-    std::fs::write(&manifest_path, toml::to_string_pretty(&manifest)?)?;
+    std::fs::write(&manifest_path, toml::to_string_pretty(&manifest)?).map_err(RealError::WriteManifest)?;
     let lab = match &opts.netem {
         Some(spec) => {
-            let lab = Lab::new("real", n + 1, 9).map_err(anyhow::Error::msg)?;
+            let lab = Lab::new("real", n + 1, 9).map_err(RealError::Netns)?;
             for i in 0..=n {
-                lab.netem(i, spec).map_err(anyhow::Error::msg)?;
+                lab.netem(i, spec).map_err(RealError::Netns)?;
             }
             Some(lab)
         }
@@ -137,7 +187,7 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
         &bs_dir,
         0.0,
     )?;
-    let bs_addr = bs.lines.recv_timeout(Duration::from_secs(30)).context("the bootstrap printed no address")?;
+    let bs_addr = bs.lines.recv_timeout(Duration::from_secs(30)).map_err(RealError::NoBootstrapAddress)?;
     let mut nodes = Vec::new();
     for (i, p) in profiles.iter().enumerate() {
         let mut args: Vec<String> = [
@@ -161,7 +211,8 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput> {
         .map(|s| s.to_string())
         .collect();
         if let Some(file) = &scenario.data_file {
-            args.extend(["--data".to_string(), std::path::absolute(file)?.display().to_string()]);
+            let file = std::path::absolute(file).map_err(RealError::DataPath)?;
+            args.extend(["--data".to_string(), file.display().to_string()]);
         }
         let offset = started.elapsed().as_secs_f64();
         nodes.push(launch(&prefix(i + 1), &ragtag, &args, &opts.out.join(format!("node{i}")), offset)?);

@@ -1,8 +1,12 @@
 //! Reports: the JSON summary of a run, CSV time series, and the table.
 
-use std::{collections::BTreeMap, fmt::Write as _, io::Write, path::Path};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::Write,
+    path::{Path, PathBuf},
+};
 
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -10,6 +14,23 @@ use crate::{
     scenario::Scenario,
     sim::{NodeOutput, RunOutput},
 };
+
+/// Why the CSV reports could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A report file could not be created.
+    #[error("creating {path}")]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing or flushing a report file failed.
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+}
 
 /// A node's line in a summary.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -175,14 +196,16 @@ impl RunSummary {
     }
 }
 
-fn create(dir: &Path, name: &str) -> Result<std::io::BufWriter<std::fs::File>> {
+fn create(dir: &Path, name: &str) -> Result<std::io::BufWriter<std::fs::File>, ReportError> {
     let path = dir.join(name);
-    let f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    Ok(std::io::BufWriter::new(f))
+    match std::fs::File::create(&path) {
+        Ok(f) => Ok(std::io::BufWriter::new(f)),
+        Err(source) => Err(ReportError::Create { path, source }),
+    }
 }
 
 /// Writes the CSV files of a set of runs into `dir`.
-pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<()> {
+pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     let mut ts = create(dir, "timeseries.csv")?;
     writeln!(ts, "strategy,seed,t,loss,accuracy,samples,updates,consensus_max,consensus_mean,live,bytes")?;
     let mut nodes = create(dir, "nodes.csv")?;

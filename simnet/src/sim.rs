@@ -17,7 +17,6 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::{Context, Result};
 use event::{Delivery, Ev, Item, Published};
 use node::{NodeState, SimNode};
 pub use output::{NodeOutput, RunOutput};
@@ -53,6 +52,29 @@ const HAVE_BYTES: usize = 180;
 const REQUEST_BYTES: usize = 64;
 /// Published updates stay fetchable this long (virtual seconds).
 const STORE_RETAIN_S: f64 = 900.0;
+
+/// Why a simulation stopped early: the CLI prints it, the study and the
+/// ablation name the configuration that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The scenario's data could not be opened.
+    #[error("opening the scenario's data")]
+    Data(#[source] ragtag_models::Error),
+    /// A node's trainer or the evaluator could not be built.
+    #[error(transparent)]
+    Trainer(ragtag_models::Error),
+    /// Evaluating the mean or a replica's anchor failed.
+    #[error(transparent)]
+    Evaluate(ragtag_models::Error),
+    /// Virtual time stopped advancing: an engine or the simulator loops.
+    #[error("livelock: 10M events at t = {t}s, the last {last}")]
+    Livelock {
+        /// The virtual time (s) it stopped at.
+        t: f64,
+        /// The last event, debug-formatted.
+        last: String,
+    },
+}
 
 /// How a run is set up.
 #[derive(Clone, Debug)]
@@ -94,7 +116,7 @@ struct Sim<'a> {
 }
 
 /// Runs one strategy on a scenario.
-pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput> {
+pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput, SimError> {
     let mut sim = Sim::new(scenario, opts)?;
     let bar = progress_bar(opts.progress, scenario.duration_s);
     sim.start();
@@ -113,7 +135,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput> {
         // Invariant: virtual time advances (no event storm at one instant).
         same_time = if item.at == last_at { same_time + 1 } else { 0 };
         last_at = item.at;
-        anyhow::ensure!(same_time < 10_000_000, "livelock: 10M events at t = {t}s, the last {:?}", item.ev);
+        if same_time >= 10_000_000 {
+            return Err(SimError::Livelock { t, last: format!("{:?}", item.ev) });
+        }
         sim.now = t;
         sim.events += 1;
         sim.dispatch(item.ev)?;
@@ -143,7 +167,7 @@ fn progress_bar(enabled: bool, duration_s: f64) -> Option<indicatif::ProgressBar
 }
 
 impl<'a> Sim<'a> {
-    fn new(scenario: &'a Scenario, opts: &RunOptions) -> Result<Self> {
+    fn new(scenario: &'a Scenario, opts: &RunOptions) -> Result<Self, SimError> {
         let seed = scenario.seed.wrapping_add(opts.seed);
         let mut manifest = scenario.manifest(opts.strategy, opts.ddp_lr);
         manifest.seed = seed;
@@ -156,7 +180,7 @@ impl<'a> Sim<'a> {
                 scenario.data_file.as_deref(),
                 manifest.training.eval_samples as usize,
             )
-            .context("opening the scenario's data")?,
+            .map_err(SimError::Data)?,
         );
         let trainer_cfg = |node_seed: u64, shard: Shard| TrainerConfig {
             model: manifest.model.clone(),
@@ -169,7 +193,8 @@ impl<'a> Sim<'a> {
             device: DeviceChoice::Cpu,
             micro_batch: Some(manifest.training.batch_size as usize),
         };
-        let evaluator = Trainer::with_dataset(trainer_cfg(u64::MAX, Shard::ALL), dataset.clone())?;
+        let evaluator =
+            Trainer::with_dataset(trainer_cfg(u64::MAX, Shard::ALL), dataset.clone()).map_err(SimError::Trainer)?;
         let profiles = speed::profiles(scenario, seed);
         let mut speeds: Vec<f64> = profiles.iter().map(|p| p.base).collect();
         speeds.sort_by(f64::total_cmp);
@@ -182,7 +207,8 @@ impl<'a> Sim<'a> {
             } else {
                 Shard::ALL
             };
-            let trainer = Trainer::with_dataset(trainer_cfg(seed ^ (i as u64 + 1) << 20, shard), dataset.clone())?;
+            let trainer = Trainer::with_dataset(trainer_cfg(seed ^ (i as u64 + 1) << 20, shard), dataset.clone())
+                .map_err(SimError::Trainer)?;
             // Equal speeds: halves by index, so a homogeneous control has
             // the same two groups to compare as a mixed swarm.
             let group = if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(profile.base < median) };
@@ -254,7 +280,7 @@ impl<'a> Sim<'a> {
             && self.series.last().is_some_and(|s| s.t >= self.target_at.unwrap_or(0.0))
     }
 
-    fn dispatch(&mut self, ev: Ev) -> Result<()> {
+    fn dispatch(&mut self, ev: Ev) -> Result<(), SimError> {
         match ev {
             Ev::Timeout { node, incarnation, generation } => {
                 let n = &mut self.nodes[node];
@@ -399,14 +425,14 @@ impl<'a> Sim<'a> {
         Some((mean.into_iter().map(|m| (m / k) as f32).collect(), anchors))
     }
 
-    fn sample(&mut self) -> Result<()> {
+    fn sample(&mut self) -> Result<(), SimError> {
         let Some((mean, anchors)) = self.mean_anchor() else {
             self.push(self.now + self.scenario.sample_every_s, Ev::Sample);
             return Ok(());
         };
         let distances: Vec<f32> = anchors.iter().filter_map(|a| relative_distance(&mean, a)).collect();
         let live = anchors.len() as u32;
-        let eval = self.evaluator.evaluate(Some(&mean))?;
+        let eval = self.evaluator.evaluate(Some(&mean)).map_err(SimError::Evaluate)?;
         let sample = Sample {
             t: self.now,
             loss: eval.loss,
@@ -438,7 +464,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn finish(mut self) -> Result<RunOutput> {
+    fn finish(mut self) -> Result<RunOutput, SimError> {
         let end = self.now;
         let mut replica_losses = Vec::new();
         let anchors: Vec<Vec<f32>> = self
@@ -448,7 +474,7 @@ impl<'a> Sim<'a> {
             .filter_map(|n| n.engine.as_ref().map(|e| e.anchor().to_vec()))
             .collect();
         for a in &anchors {
-            replica_losses.push(self.evaluator.evaluate(Some(a))?.loss);
+            replica_losses.push(self.evaluator.evaluate(Some(a)).map_err(SimError::Evaluate)?.loss);
         }
         let aggregate_work: f64 = self.nodes.iter().map(|n| n.profile.work_between(0.0, end)).sum();
         let nodes = self

@@ -85,7 +85,7 @@ fn every_builtin_scenario_runs_on_a_small_budget() {
         for e in &mut s.events {
             e.at_s = e.at_s.min(s.duration_s) * 0.5;
         }
-        let out = run(&s, &opts(Strategy::Gopals)).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let out = run(&s, &opts(Strategy::Gopals)).unwrap_or_else(|e| panic!("{name}: {:#}", anyhow::Error::from(e)));
         assert!(out.series.len() >= 2, "{name}: {} samples", out.series.len());
         if !large {
             assert!(out.nodes.iter().map(|n| n.updates).sum::<u64>() > 0, "{name}: no updates");

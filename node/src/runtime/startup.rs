@@ -7,18 +7,23 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context, Result, bail};
 use libp2p::PeerId;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use ragtag_protocol::{
     Keypair,
-    engine::{Engine, ReplicaState, Strategy, anti_entropy::relative_distance, trust},
+    engine::{Engine, ReplicaState, Strategy, anti_entropy::relative_distance, snapshot::StateError, trust},
     ids::RunId,
     manifest::Manifest,
     time::Micros,
 };
 
-use crate::{checkpoint, manifest_file, metrics::ReasonLabel, net::Client, runtime::fetch};
+use crate::{
+    checkpoint::{self, CheckpointError},
+    manifest_file::{self, ManifestFileError},
+    metrics::ReasonLabel,
+    net::Client,
+    runtime::fetch,
+};
 
 /// Most peers a joiner takes the replica state from, to check them against
 /// each other.
@@ -28,6 +33,62 @@ const MAX_STATE_SOURCES: usize = 4;
 const STATE_ATTEMPTS: usize = 3;
 /// Pause between those attempts.
 const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// Why a node could not get ready: `ragtag run` prints it and exits.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// A state directory could not be created.
+    #[error("creating {path}")]
+    CreateStateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The lock file could not be created.
+    #[error(transparent)]
+    LockFile(std::io::Error),
+    /// Another node holds the state directory.
+    #[error("{path} is used by another running node (choose another --state)")]
+    StateDirInUse {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Every fallback directory is held by another node.
+    #[error("no free state directory next to {path}")]
+    NoFreeStateDir {
+        /// The directory asked for.
+        path: PathBuf,
+    },
+    /// The manifest file could not be read.
+    #[error(transparent)]
+    ManifestFile(#[from] ManifestFileError),
+    /// `--run-id` is not a run id.
+    #[error("--run-id must be 64 hex digits")]
+    BadRunId,
+    /// `--run-id` without peers to ask.
+    #[error("--run-id needs --bootstrap peers to fetch the manifest from")]
+    NoPeersForRunId,
+    /// No bootstrap peer served the run's manifest.
+    #[error("could not fetch the manifest of run {run} from the bootstrap peers: {last}")]
+    ManifestFetch {
+        /// The run.
+        run: RunId,
+        /// The last peer's reason, or "no peers".
+        last: String,
+    },
+    /// `--strategy` names no strategy.
+    #[error("unknown strategy {0:?}")]
+    UnknownStrategy(String),
+    /// Our engine checkpoint could not be read.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Our engine checkpoint belongs to another configuration (the reason is
+    /// part of the message, so it is not repeated as a source).
+    #[error("our checkpoint does not fit the manifest: {0}")]
+    CheckpointMismatch(StateError),
+}
 
 /// An exclusively locked state directory (released when dropped).
 #[derive(Debug)]
@@ -48,11 +109,13 @@ impl StateDir {
     /// Locks `path`; when `fallback` is set and it is in use by another
     /// node, tries `path-2`, `path-3`, ... (two nodes started from the same
     /// directory with the defaults each get their own state).
-    pub fn lock(path: &Path, fallback: bool) -> Result<Self> {
+    pub fn lock(path: &Path, fallback: bool) -> Result<Self, StartupError> {
         for i in 1..=64 {
             let candidate = if i == 1 { path.to_path_buf() } else { PathBuf::from(format!("{}-{i}", path.display())) };
-            std::fs::create_dir_all(&candidate).with_context(|| format!("creating {}", candidate.display()))?;
-            let file = File::create(candidate.join("node.lock"))?;
+            if let Err(source) = std::fs::create_dir_all(&candidate) {
+                return Err(StartupError::CreateStateDir { path: candidate, source });
+            }
+            let file = File::create(candidate.join("node.lock")).map_err(StartupError::LockFile)?;
             if try_lock(&file) {
                 if i > 1 {
                     tracing::info!("{} is used by another node: using {}", path.display(), candidate.display());
@@ -60,10 +123,10 @@ impl StateDir {
                 return Ok(Self { path: candidate, _lock: file });
             }
             if !fallback {
-                bail!("{} is used by another running node (choose another --state)", candidate.display());
+                return Err(StartupError::StateDirInUse { path: candidate });
             }
         }
-        bail!("no free state directory next to {}", path.display())
+        Err(StartupError::NoFreeStateDir { path: path.to_path_buf() })
     }
 }
 
@@ -73,13 +136,13 @@ pub async fn manifest(
     run_id: Option<&str>,
     strategy: Option<&str>,
     net: Option<(&Client, &[PeerId])>,
-) -> Result<Manifest> {
+) -> Result<Manifest, StartupError> {
     if let Some(f) = file {
         return Ok(manifest_file::read(f)?);
     }
     if let Some(id) = run_id {
-        let run = RunId(ragtag_protocol::ids::Hash32::from_hex(id).context("--run-id must be 64 hex digits")?);
-        let Some((net, peers)) = net else { bail!("--run-id needs --bootstrap peers to fetch the manifest from") };
+        let run = RunId(ragtag_protocol::ids::Hash32::from_hex(id).ok_or(StartupError::BadRunId)?);
+        let Some((net, peers)) = net else { return Err(StartupError::NoPeersForRunId) };
         let mut last = String::from("no peers");
         for &p in peers {
             match fetch::manifest(net, p, run).await {
@@ -87,10 +150,10 @@ pub async fn manifest(
                 Err(e) => last = e.to_string(),
             }
         }
-        bail!("could not fetch the manifest of run {run} from the bootstrap peers: {last}");
+        return Err(StartupError::ManifestFetch { run, last });
     }
     let strategy = match strategy {
-        Some(s) => Strategy::parse(s).with_context(|| format!("unknown strategy {s:?}"))?,
+        Some(s) => Strategy::parse(s).ok_or_else(|| StartupError::UnknownStrategy(s.to_string()))?,
         None => Strategy::Gopals,
     };
     Ok(Manifest::builtin(strategy))
@@ -131,7 +194,7 @@ pub struct EngineSetup<'a> {
 }
 
 /// Resumes from our checkpoint, else joins from a peer, else starts fresh.
-pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin)> {
+pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError> {
     let run_id = s.manifest.run_id();
     let t0 = Micros(s.manifest.start_ms.saturating_mul(1000));
     let me = s.key.node_id();
@@ -139,9 +202,7 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin)> {
         // This start's measurement, not the old process's last estimate: the
         // machine (or its load) may have changed since.
         ck.speed = s.speed;
-        ck.replica
-            .verify(&s.manifest.engine, s.initial.len())
-            .map_err(|e| anyhow::anyhow!("our checkpoint does not fit the manifest: {e}"))?;
+        ck.replica.verify(&s.manifest.engine, s.initial.len()).map_err(StartupError::CheckpointMismatch)?;
         return Ok((Engine::resume(s.manifest.engine, me, run_id, t0, ck, s.seed), Origin::Resumed));
     }
     for attempt in 1..=STATE_ATTEMPTS {
