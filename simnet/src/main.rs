@@ -118,6 +118,15 @@ enum Command {
         /// Where STUDY.md goes (its plots and figures go to docs/study/ there).
         #[arg(long, default_value = ".")]
         out: PathBuf,
+        /// Also run the MLP task's homogeneous and mixed swarms with real
+        /// processes (needs the ragtag and ragtag-bootstrap binaries beside
+        /// this one).
+        #[arg(long)]
+        real: bool,
+        /// Take the simulations from this study.json of an earlier run
+        /// instead of running them again (to add --real or redraw).
+        #[arg(long)]
+        reuse: Option<PathBuf>,
     },
     /// The staleness ablation: one strategy on one scenario with late
     /// updates at full weight, weighted (the default) and dropped, several
@@ -246,7 +255,7 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Command::Study { quick, seeds, text, tasks, out } => {
+        Command::Study { quick, seeds, text, tasks, out, real, reuse } => {
             let seeds = seeds.unwrap_or(if quick { 2 } else { 3 });
             if seeds == 0 || tasks.is_empty() {
                 bail!("need at least one seed and one task");
@@ -263,7 +272,13 @@ fn main() -> Result<()> {
                 command.push_str(&format!(" --tasks {}", names.join(",")));
             }
             let opts = ragtag_simnet::study::StudyOptions { quick, seeds, text, tasks, progress: true };
-            let path = ragtag_simnet::study::write::run_and_write(&opts, &out, &command)?;
+            if real {
+                command.push_str(" --real");
+            }
+            if let Some(path) = &reuse {
+                command.push_str(&format!(" --reuse {}", path.display()));
+            }
+            let path = ragtag_simnet::study::write::run_and_write(&opts, &out, &command, reuse.as_deref(), real)?;
             println!("wrote {}", path.display());
         }
         Command::Ablate { scenario, strategy, staleness, seeds, json } => {

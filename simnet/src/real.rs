@@ -25,6 +25,9 @@ use crate::{
 /// Why a real run could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum RealError {
+    /// Every node exited without reporting a round.
+    #[error("no node reported a round: see the nodes' stderr.log under {0}")]
+    NoReports(PathBuf),
     /// Our own executable's path is unknown.
     #[error(transparent)]
     CurrentExe(std::io::Error),
@@ -162,7 +165,10 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
         *period_ms = Some(tick);
     }
     std::fs::create_dir_all(&opts.out).map_err(RealError::CreateDir)?;
-    let manifest_path = opts.out.join("manifest.toml");
+    // Every process runs in its own directory: paths it is given must not
+    // be relative to ours.
+    let out = std::path::absolute(&opts.out).map_err(RealError::CreateDir)?;
+    let manifest_path = out.join("manifest.toml");
     std::fs::write(&manifest_path, toml::to_string_pretty(&manifest)?).map_err(RealError::WriteManifest)?;
     let lab = match &opts.netem {
         Some(spec) => {
@@ -179,7 +185,7 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
         lab.as_ref().map_or_else(|| "/ip4/127.0.0.1/tcp/0".to_string(), |l| format!("/ip4/{}/tcp/4{i:03}", l.ip(i, 9)))
     };
     let started = Instant::now();
-    let bs_dir = opts.out.join("bootstrap");
+    let bs_dir = out.join("bootstrap");
     let bs = launch(
         &prefix(0),
         &bootstrap_bin,
@@ -205,7 +211,7 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
             "--step-time",
             &format!("{:.6}", scenario.step_cost_s / p.base),
             "--state",
-            opts.out.join(format!("node{i}")).join("state").to_str().unwrap_or_default(),
+            out.join(format!("node{i}")).join("state").to_str().unwrap_or_default(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -215,14 +221,25 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
             args.extend(["--data".to_string(), file.display().to_string()]);
         }
         let offset = started.elapsed().as_secs_f64();
-        nodes.push(launch(&prefix(i + 1), &ragtag, &args, &opts.out.join(format!("node{i}")), offset)?);
+        nodes.push(launch(&prefix(i + 1), &ragtag, &args, &out.join(format!("node{i}")), offset)?);
     }
     // Collect until every node has exited (or a generous deadline).
     let deadline = Instant::now() + Duration::from_secs_f64(opts.duration_s + 120.0);
     let mut reports: Vec<NodeReport> = (0..n).map(|_| NodeReport::default()).collect();
-    while reports.iter().any(|r| r.exit.is_none()) && Instant::now() < deadline {
-        for (node, report) in nodes.iter().zip(reports.iter_mut()) {
-            while let Ok(line) = node.lines.try_recv() {
+    // A process whose output closed (it exited, maybe without its exit
+    // report) is not waited for.
+    let mut closed = vec![false; n];
+    while reports.iter().zip(&closed).any(|(r, c)| r.exit.is_none() && !c) && Instant::now() < deadline {
+        for ((node, report), closed) in nodes.iter().zip(reports.iter_mut()).zip(closed.iter_mut()) {
+            loop {
+                let line = match node.lines.try_recv() {
+                    Ok(line) => line,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        *closed = true;
+                        break;
+                    }
+                };
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
                 if v["event"] == "exit" {
                     report.exit = Some(v);
@@ -242,6 +259,9 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
     }
     drop(nodes);
     drop(bs);
+    if reports.iter().all(|r| r.rounds.is_empty()) {
+        return Err(RealError::NoReports(out));
+    }
     Ok(to_output(scenario, opts, &profiles, &reports))
 }
 

@@ -46,7 +46,7 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
     let _ = writeln!(w, "# The heterogeneity study\n");
     let _ = writeln!(
         w,
-        "Written by `{command}` on {date} ({machine}) in {:.1} minutes{}.\n",
+        "Written by `{command}` on {date} ({machine}); the simulations took {:.1} minutes{}. The whole study from scratch, with its real-process check: `cargo run -p ragtag-simnet -- study --real`.\n",
         study.wall_s / 60.0,
         if study.quick {
             "; **the quick version**: fewer shapes, half the virtual time, for a check, not for the answers"
@@ -67,6 +67,7 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
     q2(w, study);
     q3(w, study);
     q4(w, study);
+    real_section(w, study);
     let _ = writeln!(w, "## Plots\n");
     for (task, files) in plots {
         for f in files {
@@ -79,7 +80,12 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
         "- **The norm guard** is not an arm: it lives in the node's validation of network input (`UpdateValidator`), which the simulator does not run (honest simulated peers deliver their updates directly), so turning it off would change nothing here.\n\
          - **Representation similarity (linear CKA)** on a probe batch is not measured; question 2 is answered with parameter drift per layer only.\n\
          - **Per-example losses**: a group's \"harder examples\" are read from the loss of each round's first batch at the anchor the round starts from (the examples it drew, at the model every node starts from), averaged per group, not per example. (A round's mean training loss would mislead: a fast node's long round descends further, so its mean is lower whatever its examples.) In the simulator every node draws from the same data stream with its own seed, so no node is handed harder examples by construction.\n\
-         - **Real processes**: the figures are from the simulator only; no answer here has been checked with real processes yet (`ragtag-simnet real` runs a shape with processes but does not record the per-layer measurements).\n"
+         - **Real processes** record no per-layer measurements (`ragtag-simnet real` reports the loss, bytes and staleness only), so questions 1, 2 and 4 are answered from the simulator alone; {}\n",
+        if study.real.is_empty() {
+            "question 3 was not checked with real processes in this run (`--real`)."
+        } else {
+            "question 3's ordering of the homogeneous and the mixed swarm is checked with real processes above, one run each."
+        }
     );
     md
 }
@@ -88,11 +94,11 @@ fn tasks_section(w: &mut String, study: &Study) {
     let _ = writeln!(w, "## Tasks and targets\n");
     let _ = writeln!(
         w,
-        "The target of each task is 2% below the best held-out loss (smoothed over three samples) that ONE node reached alone in the same virtual time, on any seed, as plain AdamW (`ddp` with one node) or as `gopals` with one node. The lone node has the speed of the fastest node of any shape in the study, so no node of any swarm could reach the target alone.\n"
+        "The target of each seed is 2% below the best held-out loss (smoothed over three samples) that ONE node reached alone on that seed in the same virtual time, as plain AdamW (`ddp` with one node) or as `gopals` with one node (each seed draws its own teacher and initial model, so what is reachable differs between seeds). The lone node has the speed of the fastest node of any shape in the study, so no node of any swarm could reach its target alone. A swarm reaches the target when its held-out loss, smoothed over three samples, gets there.\n"
     );
     let _ = writeln!(
         w,
-        "| task | model | virtual s | lone node's speed | lone node's best (ddp; gopals) per seed | target |"
+        "| task | model | virtual s | lone node's speed | lone node's best (ddp; gopals) per seed | target per seed |"
     );
     let _ = writeln!(w, "| --- | --- | ---: | ---: | --- | ---: |");
     for t in &study.tasks {
@@ -104,16 +110,17 @@ fn tasks_section(w: &mut String, study: &Study) {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let targets: Vec<String> = (0..u64::from(study.seeds)).map(|s| format!("{:.4}", t.seed_target(s))).collect();
         let _ = writeln!(
             w,
-            "| {} | {} | {:.0} | {:.2} | {}; {} | {:.4} |",
+            "| {} | {} | {:.0} | {:.2} | {}; {} | {} |",
             t.task.name(),
             t.description,
             t.duration_s,
             t.control_speed,
             per(Strategy::Ddp),
             per(Strategy::Gopals),
-            t.target_loss
+            targets.join(", ")
         );
     }
     let _ = writeln!(w);
@@ -266,21 +273,51 @@ fn shape_cell(t: &TaskStudy, shape: Shape, strategy: Strategy) -> String {
     if rs.is_empty() {
         return "-".into();
     }
-    let reached = rs.iter().filter(|r| r.figures.time_to_target_s.is_some()).count();
-    let time = spread_of(rs.iter().map(|r| &r.figures), |f| f.time_to_target_s);
     let loss = spread_of(rs.iter().map(|r| &r.figures), |f| Some(f.final_loss));
-    let time = if reached > 0 { format!(", {} s", fmt(time, 1)) } else { String::new() };
-    format!("{} ({}/{}{time})", fmt(loss, 4), reached, rs.len())
+    format!("{} ({})", fmt(loss, 4), reached(t, &rs))
+}
+
+/// "k/n, time mean (min..max) s": seeds that reached their target.
+fn reached(t: &TaskStudy, rs: &[&StudyRun]) -> String {
+    let times: Vec<f64> = rs.iter().filter_map(|r| t.time_to_target(r)).collect();
+    let time = if times.is_empty() { String::new() } else { format!(", {} s", fmt(Spread::of(&times), 1)) };
+    format!("{}/{}{time}", times.len(), rs.len())
+}
+
+/// Per seed, `f` of the runs of `a` minus `f` of the runs of `b`.
+fn paired<'a>(
+    a: impl Iterator<Item = &'a StudyRun>,
+    b: impl Iterator<Item = &'a StudyRun> + Clone,
+    f: impl Fn(&RunFigures) -> f64,
+) -> Vec<f64> {
+    a.filter_map(|x| b.clone().find(|y| y.seed == x.seed).map(|y| f(&x.figures) - f(&y.figures))).collect()
+}
+
+/// "lower on every seed", "higher on every seed" or "either way".
+fn sign_verdict(diffs: &[f64]) -> &'static str {
+    if diffs.is_empty() {
+        "-"
+    } else if diffs.iter().all(|d| *d < 0.0) {
+        "lower on every seed"
+    } else if diffs.iter().all(|d| *d > 0.0) {
+        "higher on every seed"
+    } else {
+        "either way"
+    }
+}
+
+fn diffs_text(diffs: &[f64]) -> String {
+    diffs.iter().map(|d| format!("{d:+.4}")).collect::<Vec<_>>().join(", ")
 }
 
 fn q3(w: &mut String, study: &Study) {
     let _ = writeln!(w, "## 3. Which heterogeneity is best?\n");
     let _ = writeln!(
         w,
-        "At equal total compute, final held-out loss of the mean replica, then (seeds that reached the target / seeds, time to target over those that did):\n"
+        "At equal total compute, final held-out loss of the mean replica, then (seeds that reached their target / seeds, time to target over those that did). Seeds are paired: a seed is the same data, teacher and initial model in every shape, so a shape is called lower or higher than the homogeneous swarm only when its final loss is lower (or higher) on every seed.\n"
     );
     for t in &study.tasks {
-        let _ = writeln!(w, "### {} (target {:.4})\n", t.task.name(), t.target_loss);
+        let _ = writeln!(w, "### {}\n", t.task.name());
         let _ = write!(w, "| shape |");
         for s in super::STRATEGIES {
             let _ = write!(w, " {} |", s.name());
@@ -302,24 +339,26 @@ fn q3(w: &mut String, study: &Study) {
         let _ = writeln!(w);
         for s in super::STRATEGIES {
             let loss = |shape| spread_of(figures(runs(t, shape, s, Arm::Preset)), |r| Some(r.final_loss));
-            let homo = loss(Shape::HOMOGENEOUS);
-            let better: Vec<String> = shapes[1..]
-                .iter()
-                .filter(|sh| separated(loss(**sh), homo) && loss(**sh).zip(homo).is_some_and(|(a, b)| a.mean < b.mean))
-                .map(|sh| sh.label())
-                .collect();
-            let worse: Vec<String> = shapes[1..]
-                .iter()
-                .filter(|sh| separated(loss(**sh), homo) && loss(**sh).zip(homo).is_some_and(|(a, b)| a.mean > b.mean))
-                .map(|sh| sh.label())
-                .collect();
+            let against_homogeneous = |shape: Shape| {
+                paired(runs(t, shape, s, Arm::Preset), runs(t, Shape::HOMOGENEOUS, s, Arm::Preset), |f| f.final_loss)
+            };
+            let with = |verdict: &str| -> Vec<String> {
+                shapes[1..]
+                    .iter()
+                    .filter_map(|sh| {
+                        let d = against_homogeneous(*sh);
+                        (sign_verdict(&d) == verdict).then(|| format!("{} ({})", sh.label(), diffs_text(&d)))
+                    })
+                    .collect()
+            };
+            let (better, worse) = (with("lower on every seed"), with("higher on every seed"));
             let best = shapes
                 .iter()
                 .filter_map(|sh| loss(*sh).map(|l| (sh.label(), l.mean)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             let _ = writeln!(
                 w,
-                "- **{}**: lowest mean final loss at {}; better than homogeneous beyond the seed ranges: {}; worse: {}.",
+                "- **{}**: lowest mean final loss at {}; lower than homogeneous on every seed (the differences per seed): {}; higher on every seed: {}.",
                 s.name(),
                 best.map_or_else(|| "-".into(), |(l, v)| format!("{l} ({v:.4})")),
                 if better.is_empty() { "none".into() } else { better.join(", ") },
@@ -334,7 +373,7 @@ fn q4(w: &mut String, study: &Study) {
     let _ = writeln!(w, "## 4. Does mitigation suppress specialisation?\n");
     let _ = writeln!(
         w,
-        "gopals on the mixed swarm with one mechanism turned off at a time, against the preset: the time to target and final loss, and the specialisation figures of question 1 as layer means (fast-slow cosine, fast-minus-slow alignment with the applied update, slow/fast norm per step) and the slow-minus-fast first-batch loss.\n"
+        "gopals on the mixed swarm with one mechanism turned off at a time, against the preset: the time to target and final loss (compared seed by seed), and the specialisation figures of question 1 as layer means (fast-slow cosine, fast-minus-slow alignment with the applied update, slow/fast norm per step) and the slow-minus-fast first-batch loss (compared by their ranges over seeds). An arm whose runs are identical to the preset's changed nothing: the mechanism never acted in these runs.\n"
     );
     for t in &study.tasks {
         let _ = writeln!(w, "### {}\n", t.task.name());
@@ -379,33 +418,41 @@ fn q4(w: &mut String, study: &Study) {
                         && (r.strategy != Strategy::DilocoProportional && r.strategy != Strategy::Ddp)
                 })
                 .collect();
-            let reached = rs.iter().filter(|r| r.figures.time_to_target_s.is_some()).count();
-            let time = spread_of(rs.iter().map(|r| &r.figures), |f| f.time_to_target_s);
             let _ = writeln!(
                 w,
-                "| {} | {} ({}/{}{}) | {} | {} | {} | {} |",
+                "| {} | {} ({}) | {} | {} | {} | {} |",
                 arm.name(),
                 fmt(m[0], 4),
-                reached,
-                rs.len(),
-                if reached > 0 { format!(", {} s", fmt(time, 1)) } else { String::new() },
+                reached(t, &rs),
                 fmt(m[1], 3),
                 fmt(m[2], 3),
                 fmt(m[3], 3),
                 fmt(m[4], 4)
             );
             if arm != Arm::Preset {
-                let names = ["final loss", "fast-slow cosine", "alignment lead", "norm ratio", "first-batch loss gap"];
-                let d: Vec<&str> = names
+                let strategy = if arm == Arm::FreeRunning { Strategy::GopalsAsync } else { Strategy::Gopals };
+                let loss_diffs =
+                    paired(runs(t, FOCUS, strategy, arm), runs(t, FOCUS, Strategy::Gopals, Arm::Preset), |f| {
+                        f.final_loss
+                    });
+                let names = ["fast-slow cosine", "alignment lead", "norm ratio", "first-batch loss gap"];
+                let mut d: Vec<String> = names
                     .iter()
-                    .zip(m.iter().zip(&preset))
+                    .zip(m[1..].iter().zip(&preset[1..]))
                     .filter(|(_, (a, b))| separated(**a, **b))
-                    .map(|(n, _)| *n)
+                    .map(|(n, _)| n.to_string())
                     .collect();
+                if loss_diffs.iter().any(|x| *x != 0.0) {
+                    d.insert(0, format!("final loss {} ({})", sign_verdict(&loss_diffs), diffs_text(&loss_diffs)));
+                }
                 changed.push(format!(
                     "{}: {}",
                     arm.name(),
-                    if d.is_empty() { "nothing beyond the seed ranges".into() } else { d.join(", ") }
+                    if d.is_empty() {
+                        "nothing (every run identical to the preset's, or within the seed ranges)".into()
+                    } else {
+                        d.join(", ")
+                    }
                 ));
             }
         }
@@ -414,6 +461,60 @@ fn q4(w: &mut String, study: &Study) {
             "\n**Answer ({})**: what turning each mechanism off changed against the preset: {}.\n",
             t.task.name(),
             changed.join("; ")
+        );
+    }
+}
+
+fn real_section(w: &mut String, study: &Study) {
+    if study.real.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "## Checked with real processes\n");
+    let _ = writeln!(
+        w,
+        "The same configurations as real `ragtag` processes on loopback, each emulating its node's step cost (`--step-time`), for the same number of seconds of wall time, one run each, beside the simulator's seeds (final held-out loss of the mean replica; best: smoothed over three samples):\n"
+    );
+    let _ = writeln!(w, "| task | shape | real: final (best) | simulator: final over seeds |");
+    let _ = writeln!(w, "| --- | --- | --- | --- |");
+    for c in &study.real {
+        let sim = study
+            .tasks
+            .iter()
+            .find(|t| t.task == c.task)
+            .and_then(|t| spread_of(figures(runs(t, c.shape, c.strategy, Arm::Preset)), |r| Some(r.final_loss)));
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.4} ({:.4}) | {} |",
+            c.task.name(),
+            c.shape.label(),
+            c.final_loss,
+            c.best_loss,
+            fmt(sim, 4)
+        );
+    }
+    let of = |shape: Shape| study.real.iter().find(|c| c.shape == shape);
+    if let (Some(h), Some(m)) = (of(Shape::HOMOGENEOUS), of(FOCUS)) {
+        let diffs = study.tasks.iter().find(|t| t.task == h.task).map_or_else(Vec::new, |t| {
+            paired(runs(t, FOCUS, h.strategy, Arm::Preset), runs(t, Shape::HOMOGENEOUS, h.strategy, Arm::Preset), |f| {
+                f.final_loss
+            })
+        });
+        let real = m.final_loss - h.final_loss;
+        let agrees = match sign_verdict(&diffs) {
+            "lower on every seed" => real < 0.0,
+            "higher on every seed" => real > 0.0,
+            _ => false,
+        };
+        let _ = writeln!(
+            w,
+            "\n**Check**: mixed minus homogeneous final loss, in the simulator {} ({}; the real processes run seed 0's data, teacher and initial model), with real processes {real:+.4} (one run each, so no spread): {}.\n",
+            sign_verdict(&diffs),
+            diffs_text(&diffs),
+            if agrees {
+                "the same direction"
+            } else {
+                "not confirmed: the real difference is not in the simulator's direction, or the simulator has none"
+            }
         );
     }
 }

@@ -11,16 +11,22 @@ pub struct LayerFigures {
     /// Layer (parameter tensor) name.
     pub layer: String,
     /// Mean cosine of the fast and slow groups' summed updates.
+    #[serde(deserialize_with = "nan_if_null")]
     pub cos_fast_slow: f64,
     /// Mean cosine of the fast group's summed update with all updates.
+    #[serde(deserialize_with = "nan_if_null")]
     pub cos_fast_all: f64,
     /// The same for the slow group.
+    #[serde(deserialize_with = "nan_if_null")]
     pub cos_slow_all: f64,
     /// A slow node's update norm per inner step over a fast node's.
+    #[serde(deserialize_with = "nan_if_null")]
     pub step_norm_slow_over_fast: f64,
     /// Mean relative distance of a fast node's round-end model from its anchor.
+    #[serde(deserialize_with = "nan_if_null")]
     pub drift_fast: f64,
     /// The same for the slow nodes.
+    #[serde(deserialize_with = "nan_if_null")]
     pub drift_slow: f64,
 }
 
@@ -30,10 +36,13 @@ pub struct RunFigures {
     /// Virtual time to the task's target.
     pub time_to_target_s: Option<f64>,
     /// Held-out loss of the mean replica at the end.
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_loss: f64,
     /// Lowest held-out loss of the mean replica, smoothed over three samples.
+    #[serde(deserialize_with = "nan_if_null")]
     pub best_loss: f64,
     /// Mean staleness of applied updates.
+    #[serde(deserialize_with = "nan_if_null")]
     pub mean_staleness: f64,
     /// Per-layer figures (empty when a group published nothing).
     pub layers: Vec<LayerFigures>,
@@ -47,6 +56,12 @@ pub struct RunFigures {
     pub loss_series: Vec<(f64, f64)>,
     /// (t, layer-mean cosine of fast and slow updates).
     pub cos_series: Vec<(f64, f64)>,
+}
+
+/// serde_json writes a NaN as null; read it back as NaN (a drift of a
+/// strategy that sends gradients, a loss of a run that diverged).
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
@@ -125,6 +140,12 @@ impl RunFigures {
     }
 }
 
+/// The first time the loss, smoothed over three consecutive samples (the
+/// time of the third), is at or below `target`.
+pub fn time_to(series: &[(f64, f64)], target: f64) -> Option<f64> {
+    series.windows(3).find(|w| (w[0].1 + w[1].1 + w[2].1) / 3.0 <= target).map(|w| w[2].0)
+}
+
 /// A figure over seeds, `None` when no run has it.
 pub fn spread_of<'a>(
     runs: impl Iterator<Item = &'a RunFigures>,
@@ -159,6 +180,30 @@ mod tests {
     fn smoothing_takes_the_lowest_run_of_three() {
         assert_eq!(best_smoothed(&[3.0, 1.0, 2.0, 0.0, 9.0]), 1.0);
         assert_eq!(best_smoothed(&[2.0, 1.5]), 1.5);
+    }
+
+    #[test]
+    fn time_to_target_is_read_from_the_smoothed_series() {
+        let s = [(0.0, 3.0), (1.0, 1.0), (2.0, 2.0), (3.0, 0.0), (4.0, 9.0)];
+        assert_eq!(time_to(&s, 2.0), Some(2.0));
+        assert_eq!(time_to(&s, 1.0), Some(3.0));
+        assert_eq!(time_to(&s, 0.5), None);
+    }
+
+    #[test]
+    fn a_nan_survives_the_json_round_trip() {
+        let l = LayerFigures {
+            layer: "l0".into(),
+            cos_fast_slow: 0.5,
+            cos_fast_all: 0.5,
+            cos_slow_all: 0.5,
+            step_norm_slow_over_fast: 1.0,
+            drift_fast: f64::NAN,
+            drift_slow: 0.25,
+        };
+        let back: LayerFigures = serde_json::from_str(&serde_json::to_string(&l).unwrap()).unwrap();
+        assert!(back.drift_fast.is_nan());
+        assert_eq!(back.drift_slow, 0.25);
     }
 
     #[test]

@@ -8,11 +8,29 @@ fn write_err(path: &Path, e: impl std::error::Error + Send + Sync + 'static) -> 
     StudyError::Write { what: path.display().to_string(), source: Box::new(e) }
 }
 
-/// Runs the study and writes `out/STUDY.md`, with its PNG plots and
-/// `study.json` (every run's figures) in `out/docs/study/`; returns the
-/// path of STUDY.md. `command` is the command line STUDY.md names.
-pub fn run_and_write(opts: &StudyOptions, out: &Path, command: &str) -> Result<PathBuf, StudyError> {
-    let study = run_study(opts)?;
+/// Runs the study (or takes its simulations from `reuse`, an earlier
+/// `study.json`), with the real-process check when `real`, and writes
+/// `out/STUDY.md`, with its PNG plots and `study.json` (every run's
+/// figures) in `out/docs/study/`; returns the path of STUDY.md. `command`
+/// is the command line STUDY.md names.
+pub fn run_and_write(
+    opts: &StudyOptions,
+    out: &Path,
+    command: &str,
+    reuse: Option<&Path>,
+    real: bool,
+) -> Result<PathBuf, StudyError> {
+    let mut study = match reuse {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| write_err(path, e))?;
+            serde_json::from_str(&text).map_err(|e| write_err(path, e))?
+        }
+        None => run_study(opts)?,
+    };
+    if real {
+        let dir = out.join("target/study-real");
+        study.real = super::real_check::run(opts, &dir)?;
+    }
     write(&study, out, command)
 }
 
