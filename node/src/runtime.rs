@@ -2,6 +2,7 @@
 //! outputs to the network, the trainer and the ledger, and feeds it what
 //! arrives. No algorithm logic lives here.
 
+mod error;
 mod fetch;
 mod inbound;
 mod outputs;
@@ -9,6 +10,8 @@ mod peer_table;
 mod phases;
 pub mod startup;
 mod startup_inbox;
+
+pub use error::RuntimeError;
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -24,7 +27,7 @@ use ragtag_protocol::{
     Keypair, NodeId, Signed,
     engine::{Engine, Input},
     ids::{Hash32, UpdateId},
-    ledger::{ChainError, LedgerWriter, RecordKind, SignedRecord},
+    ledger::{LedgerWriter, RecordKind, SignedRecord},
     manifest::Manifest,
     time::Micros,
     validate::{RejectReason, UpdateValidator},
@@ -34,12 +37,12 @@ use tokio::sync::mpsc;
 
 use crate::{
     checkpoint, identity,
-    ledger::{LedgerError, SledLedger},
+    ledger::SledLedger,
     metrics::{Endpoint, NodeMetrics},
-    net::{self, NetError},
+    net,
     payload_store::PayloadStore,
     status::Status,
-    trainer_thread::{self, TrainerCommand, TrainerError, TrainerHandle, TrainerReply},
+    trainer_thread::{self, TrainerCommand, TrainerHandle, TrainerReply},
 };
 
 /// Internal results queued at most (fetches finishing).
@@ -57,50 +60,6 @@ const MAX_LOGGED_REJECTIONS: usize = 10_000;
 /// full, those the engine no longer fetches are dropped (it fetches at most
 /// `MAX_AWAITING`, so room always remains).
 const MAX_ANNOUNCED: usize = 2 * ragtag_protocol::engine::MAX_AWAITING;
-
-/// Why a node could not start or keep running: `ragtag run` prints it and
-/// exits. The network's and the trainer's errors are shown as their own
-/// messages, which already name their causes, so they are not repeated as
-/// sources.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    /// The network could not be started.
-    #[error("{0}")]
-    Net(NetError),
-    /// The metrics and status endpoint could not be served.
-    #[error("serving metrics on {addr}")]
-    Metrics {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The ledger database could not be opened.
-    #[error("opening the ledger")]
-    OpenLedger(#[source] LedgerError),
-    /// Our chain could not be read from the ledger.
-    #[error(transparent)]
-    ReadLedger(LedgerError),
-    /// Our chain's last record cannot be continued.
-    #[error(transparent)]
-    Chain(ChainError),
-    /// The task starting the trainer panicked or was cancelled.
-    #[error(transparent)]
-    TrainerTask(#[from] tokio::task::JoinError),
-    /// The trainer could not start.
-    #[error("{0}")]
-    Trainer(TrainerError),
-    /// The engine could not be made ready.
-    #[error(transparent)]
-    Startup(#[from] startup::StartupError),
-    /// The trainer did not take its checkpoint to restore.
-    #[error(transparent)]
-    Restore(trainer_thread::SendError),
-    /// A signal handler could not be installed.
-    #[error(transparent)]
-    Signal(std::io::Error),
-}
 
 /// Everything `ragtag run` decided.
 #[derive(Debug, Clone)]

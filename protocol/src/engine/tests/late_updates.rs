@@ -80,3 +80,33 @@ fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
     assert!((poly - 0.5f32.sqrt()).abs() < 1e-6, "(1 + 1)^-0.5, got {poly}");
     assert_eq!(applied_weight(StalenessWeight::None), 1.0);
 }
+
+/// Tick mode sizes a round to its tick and gives it the tick's deadline;
+/// fixed work takes H steps with no deadline (a slow node's round spans
+/// ticks and publishes late, so its staleness counts).
+#[test]
+fn tick_rounds_have_a_deadline_unless_work_is_fixed() {
+    let first_phase = |work: Work| {
+        let mut cfg = EngineConfig::preset(Strategy::Gopals);
+        cfg.schedule = Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000) };
+        cfg.work = work;
+        let me = Keypair::deterministic(5, 0).node_id();
+        let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 10.0, 1);
+        e.handle(Micros::ZERO, Input::Start);
+        loop {
+            while let Some(o) = e.poll_output() {
+                if let Output::StartLocalPhase(p) = o {
+                    return (p.steps, p.deadline, cfg.h);
+                }
+            }
+            let t = e.poll_timeout().expect("a waiting engine has a timeout");
+            assert!(t < Micros::from_secs_f64(60.0), "no phase in 60 s");
+            e.handle_timeout(t);
+        }
+    };
+    let (steps, deadline, h) = first_phase(Work::Fixed);
+    assert_eq!((steps, deadline), (h, None));
+    let (steps, deadline, _) = first_phase(Work::ProportionalToSpeed);
+    assert!(deadline.is_some());
+    assert!(steps <= 20, "10 steps/s for under 2 s: {steps}");
+}
