@@ -81,6 +81,11 @@ pub enum SwarmCommand {
         /// The MLP's hidden widths, comma separated (default 64,64).
         #[arg(long, value_delimiter = ',')]
         hidden: Option<Vec<u32>>,
+        /// The transformer's size: context, width, layers and heads, comma
+        /// separated (default for text files 128,256,4,4). Every volunteer
+        /// trains this model, so size it for the slowest machine you expect.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        transformer: Option<Vec<u32>>,
         /// teacher, markov, text:PATH, digits:PATH or idx:IMAGES,LABELS.
         #[arg(long, default_value = "teacher")]
         data: String,

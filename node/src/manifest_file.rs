@@ -56,6 +56,8 @@ pub struct NewRun {
     pub model: Option<String>,
     /// The MLP's hidden widths (default 64, 64).
     pub hidden: Option<Vec<u32>>,
+    /// The transformer's context, width, layers and heads.
+    pub transformer: Option<[u32; 4]>,
     /// The strategy.
     pub strategy: Strategy,
     /// Engine changes.
@@ -127,6 +129,17 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         };
         hidden.clone_from(widths);
     }
+    if let Some([c, w, l, h]) = r.transformer {
+        let ModelSpec::CharTransformer { context, width, layers, heads, .. } = &mut model else {
+            return Err(ManifestFileError::Choice(
+                "--transformer sets the transformer's size: use it with text data".into(),
+            ));
+        };
+        if !w.is_multiple_of(h) {
+            return Err(ManifestFileError::Choice(format!("--transformer: width {w} must divide by heads {h}")));
+        }
+        (*context, *width, *layers, *heads) = (c, w, l, h);
+    }
     let mut training = TrainingSpec::default();
     let transformer = matches!(model, ModelSpec::CharTransformer { .. });
     if transformer {
@@ -165,7 +178,10 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
                 r.strategy.name()
             ),
         ),
-        ("model".to_string(), "the data's default model, or the creator's --model and --hidden".to_string()),
+        (
+            "model".to_string(),
+            "the data's default model, or the creator's --model, --hidden and --transformer".to_string(),
+        ),
         ("inner_lr".to_string(), engine.inner_lr.describe()),
     ]);
     let m = Manifest {
@@ -217,6 +233,7 @@ mod tests {
             data: data.into(),
             model: None,
             hidden: None,
+            transformer: None,
             strategy: Strategy::Gopals,
             overrides: EngineOverrides::default(),
             seed: 1,
@@ -248,5 +265,14 @@ mod tests {
         let mut r = run("teacher");
         r.model = Some("cnn".into());
         assert!(new_run(&r).unwrap_err().to_string().contains("image data"));
+        let mut r = run(&format!("text:{}", p.display()));
+        r.transformer = Some([16, 32, 1, 4]);
+        let m = new_run(&r).unwrap();
+        assert!(matches!(m.model, ModelSpec::CharTransformer { context: 16, width: 32, layers: 1, heads: 4, .. }));
+        r.transformer = Some([16, 30, 1, 4]);
+        assert!(new_run(&r).unwrap_err().to_string().contains("divide by heads"));
+        let mut r = run("teacher");
+        r.transformer = Some([16, 32, 1, 4]);
+        assert!(new_run(&r).unwrap_err().to_string().contains("text data"));
     }
 }

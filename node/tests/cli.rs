@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use ragtag_protocol::{codec::CodecKind, engine::Strategy};
+use ragtag_protocol::{codec::CodecKind, engine::Strategy, manifest::ModelSpec};
 
 fn ragtag() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ragtag"))
@@ -160,5 +160,41 @@ fn swarm_new_takes_the_knobs_that_matter_and_refuses_bad_values() {
         assert!(!bad.status.success(), "{flag} {value} was taken");
         let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
+/// A creator sizes the transformer for the machines they expect; a size
+/// that is not four numbers, or not a transformer's, is refused.
+#[test]
+fn swarm_new_sizes_the_transformer() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "to be or not to be, that is the question\n".repeat(50)).unwrap();
+    let data = format!("text:{}", text.display());
+    let new = |size: &str, data: &str, out: &str| {
+        ragtag()
+            .args(["swarm", "new", "--name", "t", "--lr", "0.001", "--data", data, "--transformer", size, "--out", out])
+            .output()
+            .unwrap()
+    };
+    let out = dir.path().join("ok");
+    let ok = new("16,32,1,4", &data, out.to_str().unwrap());
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let m = ragtag_node::manifest_file::read(&out.join("manifest.toml")).unwrap();
+    assert!(
+        matches!(m.model, ModelSpec::CharTransformer { context: 16, width: 32, layers: 1, heads: 4, .. }),
+        "{:?}",
+        m.model
+    );
+    for (size, data, says) in [
+        ("16,32,1", data.as_str(), "four numbers"),
+        ("16,30,1,4", data.as_str(), "divide by heads"),
+        ("16,32,1,4", "teacher", "use it with text data"),
+        ("16,0,1,4", data.as_str(), "--transformer"),
+    ] {
+        let bad = new(size, data, dir.path().join("bad").to_str().unwrap());
+        assert!(!bad.status.success(), "{size} on {data} was taken");
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(says), "{size} on {data}: {err}");
     }
 }

@@ -2,10 +2,12 @@
 //! with a baseline in the same run and reports the ratio.
 
 pub mod apply;
+pub mod augmented_digits;
 pub mod ledger;
 pub mod machine;
 pub mod simulate;
 pub mod soak;
+pub mod suite;
 pub mod teacher_digits;
 pub mod trainer;
 pub mod transfer;

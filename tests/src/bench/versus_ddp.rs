@@ -1,14 +1,18 @@
 //! A real ragtag swarm against PyTorch DDP (torch.distributed, gloo, on
 //! 127.0.0.1), the same model, data split and speeds, and a single-node
-//! control beside them: four `ragtag run` processes with the manifest that
-//! `ragtag swarm new` writes, one `ragtag run` alone at the fastest speed,
-//! and `tests/scripts/ddp_baseline.py` with one rank per node. Each rank and
-//! node emulates its hardware with a per-step floor (`--step-time`), far
-//! above the step's compute, so both systems see the same speeds on this
-//! 2-core machine. PyTorch is installed by this benchmark into
-//! `target/ddp-venv` (about 5.6 GB), never by CI.
+//! control beside them, on each task of the suite (`suite.rs`): four
+//! `ragtag run` processes with the manifest that `ragtag swarm new` writes,
+//! one `ragtag run` alone at the fastest speed, and
+//! `tests/scripts/ddp_baseline.py` with one rank per node. Each rank and
+//! node emulates its hardware with a per-step floor (`--step-time`), above
+//! the step's compute, so both systems see the same speeds on this 2-core
+//! machine, and both take the same batch per step. The target of each seed
+//! is [`TARGET_MARGIN`] below the best the lone node reached in the budget,
+//! so one node alone cannot reach it by construction. PyTorch is installed
+//! by this benchmark into `target/ddp-venv` (about 5.6 GB), never by CI.
 
 use std::{
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -16,27 +20,19 @@ use std::{
 
 use ragtag_node::manifest_file;
 
-use super::{Figure, teacher_digits};
+use super::{Figure, suite::Task};
 use crate::Proc;
 
-/// Seconds per inner step of each node: speeds 4, 4, 2 and 1 (the issue's
-/// slowdowns 1, 1, 2, 4), well above the compute of one step here.
-pub const STEP_TIMES: [f64; 4] = [0.01, 0.01, 0.02, 0.04];
-/// Rows of the generated task.
-const ROWS: usize = 200_000;
-/// Held-out examples.
-const EVAL_SAMPLES: u32 = 2_000;
+/// Evaluations averaged for a curve's loss: one evaluation scatters, and
+/// the system that evaluates more often would otherwise get more draws.
+const SMOOTH: usize = 3;
 
-/// The task: a teacher-labelled digits-format CSV and an MLP 64-256-256-10.
-#[derive(Debug, Clone)]
-pub struct Task {
-    /// The CSV.
-    pub csv: PathBuf,
-    /// Its loss floor.
-    pub floor: f64,
-    /// The held-out loss to reach.
-    pub target: f64,
-}
+/// A seed's target is this fraction of the lone node's best held-out loss.
+pub const TARGET_MARGIN: f64 = 0.98;
+
+/// Inner steps between two evaluations of a ragtag node (one gopals round);
+/// DDP's rank 0 evaluates as often in wall time.
+const STEPS_PER_EVAL: f64 = 50.0;
 
 /// What one system did: held-out loss over wall time since launch.
 #[derive(Debug, Clone, Default)]
@@ -44,10 +40,6 @@ pub struct Curve {
     /// (seconds, held-out loss, samples processed by all nodes).
     pub points: Vec<(f64, f64, u64)>,
 }
-
-/// Evaluations averaged for a curve's loss: one evaluation scatters, and
-/// the system that evaluates more often would otherwise get more draws.
-const SMOOTH: usize = 3;
 
 impl Curve {
     /// The mean of each evaluation and the `SMOOTH - 1` before it.
@@ -82,29 +74,14 @@ impl Curve {
     }
 }
 
-/// Generates the task's CSV under `target/bench-data` (once).
-pub fn task(repo: &Path, target: f64) -> std::io::Result<Task> {
-    let csv = repo.join("target/bench-data/teacher-digits-200k.csv");
-    let floor_file = csv.with_extension("floor");
-    let floor = match std::fs::read_to_string(&floor_file).ok().and_then(|s| s.trim().parse().ok()) {
-        Some(f) if csv.exists() => f,
-        _ => {
-            let t = teacher_digits::write(&csv, ROWS, 7)?;
-            std::fs::write(&floor_file, t.floor.to_string())?;
-            t.floor
-        }
-    };
-    Ok(Task { csv, floor, target })
-}
-
-/// The manifest a user gets from `ragtag swarm new --data digits:FILE
-/// --model mlp --hidden 256,256` (its learning-rate probe included), with
-/// only the held-out size changed. Returns its path and the chosen rate.
-pub fn manifest(ragtag: &Path, task: &Task, dir: &Path) -> anyhow::Result<(PathBuf, f32)> {
+/// The manifest a user gets from `ragtag swarm new` with the task's
+/// arguments (its learning-rate probe included), with only the held-out
+/// size changed where the task says. Returns its path and the inner rate.
+pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Result<(PathBuf, f32)> {
     std::fs::create_dir_all(dir)?;
     let out = Command::new(ragtag)
-        .args(["swarm", "new", "--name", "versus-ddp", "--model", "mlp", "--hidden", "256,256", "--data"])
-        .arg(format!("digits:{}", task.csv.display()))
+        .args(["swarm", "new", "--name", task.name, "--seed", &seed.to_string()])
+        .args(&task.swarm_new)
         .arg("--out")
         .arg(dir)
         .stderr(Stdio::inherit())
@@ -112,9 +89,11 @@ pub fn manifest(ragtag: &Path, task: &Task, dir: &Path) -> anyhow::Result<(PathB
     anyhow::ensure!(out.status.success(), "ragtag swarm new failed");
     let path = dir.join("manifest.toml");
     let mut m = manifest_file::read(&path)?;
-    m.training.eval_samples = EVAL_SAMPLES;
-    m.rationale.insert("eval_samples".into(), format!("{EVAL_SAMPLES}: the benchmark's held-out size"));
-    manifest_file::write(&m, &path)?;
+    if let Some(n) = task.eval_samples {
+        m.training.eval_samples = n;
+        m.rationale.insert("eval_samples".into(), format!("{n}: the benchmark's held-out size"));
+        manifest_file::write(&m, &path)?;
+    }
     Ok((path, m.training.lr))
 }
 
@@ -142,7 +121,7 @@ pub fn ragtag_swarm(
             "--manifest",
             manifest.to_str().unwrap_or_default(),
             "--data",
-            task.csv.to_str().unwrap_or_default(),
+            task.data.to_str().unwrap_or_default(),
             "--json",
             "--duration",
             &duration_s.to_string(),
@@ -166,7 +145,7 @@ pub fn ragtag_swarm(
         let offset = launched.elapsed().as_secs_f64();
         nodes.push((Proc::spawn(ragtag, &args(i, Some(&addr)), &dir.join(format!("n{i}"))), offset));
     }
-    // Per node: its samples so far; the curve: every evaluation of any node.
+    // Per node: its samples so far; the curve: every evaluation of node 0.
     let mut samples = vec![0u64; nodes.len()];
     let mut curve = Curve::default();
     let mut exited = vec![false; nodes.len()];
@@ -216,19 +195,36 @@ fn torch_python(repo: &Path) -> anyhow::Result<PathBuf> {
     Ok(python)
 }
 
-/// PyTorch DDP with one rank per entry of `step_times` at learning rate `lr`.
-pub fn pytorch_ddp(repo: &Path, task: &Task, step_times: &[f64], lr: f64, duration_s: f64) -> anyhow::Result<Curve> {
+/// How DDP is run: its rate, seed and target, the batch ragtag's manifest
+/// takes, and the ragtag node's held-out size.
+#[derive(Debug, Clone, Copy)]
+pub struct DdpRun {
+    /// AdamW's learning rate.
+    pub lr: f64,
+    /// The seed of its initial weights and sampling.
+    pub seed: u64,
+    /// It stops once its smoothed held-out loss reaches this.
+    pub target: f64,
+    /// Examples per step and rank (the same as a ragtag node's).
+    pub batch: u32,
+    /// Held-out examples (the same as a ragtag node's).
+    pub eval_samples: u32,
+}
+
+/// PyTorch DDP with one rank per entry of the task's step times.
+pub fn pytorch_ddp(repo: &Path, task: &Task, run: DdpRun, duration_s: f64) -> anyhow::Result<Curve> {
     let python = torch_python(repo)?;
     let joined = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new(python)
         .arg(repo.join("tests/scripts/ddp_baseline.py"))
-        .args(["--csv", task.csv.to_str().unwrap_or_default()])
-        .args(["--hidden", "256,256", "--slowdowns", &joined(&vec![1.0; step_times.len()])])
-        .args(["--step-times", &joined(step_times), "--lr", &lr.to_string()])
-        .args(["--eval-samples", &EVAL_SAMPLES.to_string(), "--duration", &duration_s.to_string()])
-        // About as often as a ragtag node evaluates (every round, ~0.5 s here).
-        .args(["--eval-every", "0.5"])
-        .args(["--target", &task.target.to_string()])
+        .args(&task.ddp_model)
+        .args(["--slowdowns", &joined(&vec![1.0; task.step_times.len()])])
+        .args(["--step-times", &joined(&task.step_times), "--lr", &run.lr.to_string()])
+        .args(["--batch", &run.batch.to_string(), "--seed", &run.seed.to_string()])
+        .args(["--eval-samples", &run.eval_samples.to_string(), "--duration", &duration_s.to_string()])
+        // As often as a ragtag node evaluates: once a round.
+        .args(["--eval-every", &(STEPS_PER_EVAL * task.step_times[0]).to_string()])
+        .args(["--target", &run.target.to_string()])
         .stderr(Stdio::inherit())
         .output()?;
     anyhow::ensure!(out.status.success(), "ddp_baseline.py failed");
@@ -242,97 +238,281 @@ pub fn pytorch_ddp(repo: &Path, task: &Task, step_times: &[f64], lr: f64, durati
     Ok(curve)
 }
 
-/// The comparison's figures: swarm against DDP's best rate, single node
-/// beside them. `lrs`: DDP's learning-rate sweep.
-pub fn run(repo: &Path, ragtag: &Path, duration_s: f64, lrs: &[f64], out: &Path) -> anyhow::Result<Vec<Figure>> {
-    let task = task(repo, TARGET)?;
-    let section = "versus-ddp";
-    eprintln!("ragtag swarm, step times {STEP_TIMES:?} s, {duration_s} s");
-    let (manifest, lr_ragtag) = manifest(ragtag, &task, &out.join("run"))?;
-    let swarm = ragtag_swarm(ragtag, &manifest, &task, &STEP_TIMES, duration_s, &out.join("swarm"))?;
-    eprintln!("ragtag single node, step time {} s", STEP_TIMES[0]);
-    let single = ragtag_swarm(ragtag, &manifest, &task, &STEP_TIMES[..1], duration_s, &out.join("single"))?;
-    let mut ddp: Option<(f64, Curve)> = None;
-    for &lr in lrs {
-        eprintln!("PyTorch DDP, lr {lr}");
-        let c = pytorch_ddp(repo, &task, &STEP_TIMES, lr, duration_s)?;
-        c.write_csv(&out.join(format!("ddp-lr{lr}.csv")))?;
-        let better = match &ddp {
-            None => true,
-            Some((_, b)) => match (c.time_to(task.target), b.time_to(task.target)) {
-                (Some(x), Some(y)) => x.0 < y.0,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (None, None) => c.best() < b.best(),
-            },
-        };
-        if better {
-            ddp = Some((lr, c));
-        }
-    }
-    swarm.write_csv(&out.join("swarm.csv"))?;
-    single.write_csv(&out.join("single.csv"))?;
-    let (lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
-    let mut figures = Vec::new();
-    // The run's target, and the easier one on the way (where a constant
-    // inner rate left the swarm's plateau: BENCHMARKS.md).
-    for target in [task.target, EASIER_TARGET] {
-        let context = format!(
-            "target {target} (floor {:.3}); ragtag's inner rate {lr_ragtag} (probed by swarm new); DDP's best rate {lr} of {lrs:?}; {duration_s} s budget",
-            task.floor
-        );
-        match (swarm.time_to(target), ddp.time_to(target)) {
-            (Some((ts, ss)), Some((td, sd))) => {
-                figures.push(
-                    Figure::new(
-                        section,
-                        &format!("ragtag swarm time to {target} / PyTorch DDP's (goal <= 0.5)"),
-                        ts / td,
-                        "",
-                    )
-                    .with_note(format!("ragtag {ts:.1} s, DDP {td:.1} s; {context}")),
-                );
-                figures.push(
-                    Figure::new(
-                        section,
-                        &format!("ragtag swarm samples to {target} / PyTorch DDP's (goal <= 1.2)"),
-                        ss as f64 / sd as f64,
-                        "",
-                    )
-                    .with_note(format!("ragtag {ss}, DDP {sd}")),
-                );
-            }
-            (s, d) => {
-                // Not both reached it: no ratio, each system's best instead.
-                let reached = |x: Option<(f64, u64)>| {
-                    x.map_or(format!("missed {target}"), |x| format!("{target} at {:.1} s", x.0))
-                };
-                for (name, curve, r) in [("ragtag swarm", &swarm, s), ("PyTorch DDP", &ddp, d)] {
-                    if let Some(b) = curve.best() {
-                        figures.push(
-                            Figure::new(section, &format!("{name} best held-out loss"), b, "")
-                                .with_note(format!("{}; {context}", reached(r))),
-                        );
-                    }
-                }
-            }
-        }
-    }
-    if let Some(b) = single.best() {
-        figures.push(Figure::new(section, "single ragtag node (fastest speed) best held-out loss", b, "").with_note(
-            match single.time_to(task.target) {
-                Some((t, _)) => format!("reached the target alone at {t:.1} s: the target is too easy"),
-                None => format!("did not reach {} in {duration_s} s", task.target),
-            },
-        ));
-    }
-    Ok(figures)
+/// What one seed of one task measured.
+#[derive(Debug, Clone)]
+pub struct SeedResult {
+    /// The seed (the manifest's initial weights; DDP's weights and sampling).
+    pub seed: u64,
+    /// The inner rate `swarm new` probed.
+    pub ragtag_lr: f32,
+    /// The lone node's best smoothed held-out loss in the budget.
+    pub lone_best: f64,
+    /// The seed's target.
+    pub target: f64,
+    /// The swarm's best smoothed loss.
+    pub swarm_best: f64,
+    /// The swarm's time and samples to the target.
+    pub swarm: Option<(f64, u64)>,
+    /// DDP's learning rate.
+    pub ddp_lr: f64,
+    /// DDP's best smoothed loss (it stops at the target).
+    pub ddp_best: f64,
+    /// DDP's time and samples to the target.
+    pub ddp: Option<(f64, u64)>,
 }
 
-/// The held-out loss to reach: below what one node reaches in the budget
-/// (measured, see BENCHMARKS.md), above the task's floor (0.533). DDP's
-/// script stops there, so the easier target is read on the way.
-pub const TARGET: f64 = 0.62;
+/// `x` rounded to two significant digits (a rate that prints as 0.009,
+/// not 0.009000000000000001).
+fn two_digits(x: f64) -> f64 {
+    let scale = 10f64.powi(1 - x.log10().floor() as i32);
+    (x * scale).round() / scale
+}
 
-/// Where a constant inner rate left the swarm's plateau (BENCHMARKS.md).
-pub const EASIER_TARGET: f64 = 0.65;
+/// Which of two DDP curves is better: first to the target, else lower.
+fn better(a: &Curve, b: &Curve, target: f64) -> bool {
+    match (a.time_to(target), b.time_to(target)) {
+        (Some(x), Some(y)) => x.0 < y.0,
+        (Some(_), None) => true,
+        (None, Some(_)) => false,
+        (None, None) => a.best() < b.best(),
+    }
+}
+
+/// One seed: the lone node (which sets the target), the swarm, then DDP at
+/// each rate of `lrs` (the best is kept).
+pub fn run_seed(
+    repo: &Path,
+    ragtag: &Path,
+    task: &Task,
+    seed: u64,
+    duration_s: f64,
+    lrs: &[f64],
+    out: &Path,
+) -> anyhow::Result<SeedResult> {
+    let out = out.join(format!("seed{seed}"));
+    let (manifest_path, ragtag_lr) = manifest(ragtag, task, seed, &out.join("run"))?;
+    let m = manifest_file::read(&manifest_path)?;
+    eprintln!("{} seed {seed}: ragtag single node, step time {} s", task.name, task.step_times[0]);
+    let single = ragtag_swarm(ragtag, &manifest_path, task, &task.step_times[..1], duration_s, &out.join("single"))?;
+    single.write_csv(&out.join("single.csv"))?;
+    let lone_best =
+        single.best().ok_or_else(|| anyhow::anyhow!("the lone node had fewer than {SMOOTH} evaluations"))?;
+    let target = lone_best * TARGET_MARGIN;
+    eprintln!(
+        "{} seed {seed}: lone best {lone_best:.4}, target {target:.4}; swarm, step times {:?} s",
+        task.name, task.step_times
+    );
+    let swarm = ragtag_swarm(ragtag, &manifest_path, task, &task.step_times, duration_s, &out.join("swarm"))?;
+    swarm.write_csv(&out.join("swarm.csv"))?;
+    let mut ddp: Option<(f64, Curve)> = None;
+    let mut sweep = lrs.to_vec();
+    let mut i = 0;
+    while i < sweep.len() {
+        let lr = sweep[i];
+        eprintln!("{} seed {seed}: PyTorch DDP, lr {lr}", task.name);
+        let run = DdpRun { lr, seed, target, batch: m.training.batch_size, eval_samples: m.training.eval_samples };
+        let c = pytorch_ddp(repo, task, run, duration_s)?;
+        c.write_csv(&out.join(format!("ddp-lr{lr}.csv")))?;
+        if ddp.as_ref().is_none_or(|(_, b)| better(&c, b, target)) {
+            ddp = Some((lr, c));
+        }
+        i += 1;
+        // A sweep whose best is its largest rate has not bracketed DDP's
+        // optimum: go on upwards, in the sweep's own steps, up to 0.1.
+        let largest = sweep.iter().copied().fold(0.0, f64::max);
+        if i == sweep.len() && sweep.len() > 1 && ddp.as_ref().is_some_and(|(l, _)| *l == largest) {
+            let step = largest / sweep.iter().copied().filter(|l| *l < largest).fold(0.0, f64::max);
+            if step > 1.0 && largest * step <= 0.1 {
+                sweep.push(two_digits(largest * step));
+            }
+        }
+    }
+    let (ddp_lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
+    Ok(SeedResult {
+        seed,
+        ragtag_lr,
+        lone_best,
+        target,
+        swarm_best: swarm.best().unwrap_or(f64::NAN),
+        swarm: swarm.time_to(target),
+        ddp_lr,
+        ddp_best: ddp.best().unwrap_or(f64::NAN),
+        ddp: ddp.time_to(target),
+    })
+}
+
+/// The suite's figures for one task over `seeds`: DDP's rate is swept on
+/// the first seed (extended upwards while its best is the largest rate)
+/// and its best reused on the others.
+pub fn run(
+    repo: &Path,
+    ragtag: &Path,
+    task: &Task,
+    seeds: &[u64],
+    duration_s: f64,
+    lrs: &[f64],
+    out: &Path,
+) -> anyhow::Result<(Vec<Figure>, String)> {
+    let out = out.join(task.name);
+    let mut results: Vec<SeedResult> = Vec::new();
+    for &seed in seeds {
+        let sweep = match results.first() {
+            Some(first) => vec![first.ddp_lr],
+            None => lrs.to_vec(),
+        };
+        let r = run_seed(repo, ragtag, task, seed, duration_s, &sweep, &out)?;
+        eprintln!("{}", seed_line(&r));
+        results.push(r);
+    }
+    Ok((figures(task, &results, duration_s, lrs), seed_table(&results, duration_s)))
+}
+
+fn seed_line(r: &SeedResult) -> String {
+    let at = |x: Option<(f64, u64)>| x.map_or("missed".to_string(), |(t, s)| format!("{t:.1} s ({s} samples)"));
+    format!(
+        "seed {}: target {:.4} (lone best {:.4}); swarm {} best {:.4}; DDP lr {} {} best {:.4}",
+        r.seed,
+        r.target,
+        r.lone_best,
+        at(r.swarm),
+        r.swarm_best,
+        r.ddp_lr,
+        at(r.ddp),
+        r.ddp_best
+    )
+}
+
+/// A markdown table with a row per seed.
+/// Where only the swarm reached the target, its time ratio is written as a
+/// bound (swarm time over the budget DDP ran out).
+pub fn seed_table(results: &[SeedResult], duration_s: f64) -> String {
+    let at = |x: Option<(f64, u64)>| x.map_or("missed".to_string(), |(t, s)| format!("{t:.1} s, {s}"));
+    let ratio = |a: Option<(f64, u64)>, b: Option<(f64, u64)>, f: fn((f64, u64)) -> f64| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.3}", f(a) / f(b)),
+        _ => "—".into(),
+    };
+    let mut t = String::from(
+        "| seed | ragtag inner lr (probed) | lone node best | target | ragtag swarm: time, samples | swarm best | DDP lr | DDP: time, samples | DDP best | time ratio | samples ratio |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for r in results {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.4} | {:.4} | {} | {:.4} | {} | {} | {:.4} | {} | {} |",
+            r.seed,
+            r.ragtag_lr,
+            r.lone_best,
+            r.target,
+            at(r.swarm),
+            r.swarm_best,
+            r.ddp_lr,
+            at(r.ddp),
+            r.ddp_best,
+            match (r.swarm, r.ddp) {
+                (Some((t, _)), None) => format!("<= {:.3}", t / duration_s),
+                (s, d) => ratio(s, d, |x| x.0),
+            },
+            ratio(r.swarm, r.ddp, |x| x.1 as f64),
+        );
+    }
+    t
+}
+
+/// Mean (min..max) of some values, or None without any.
+fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    Some((mean, v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max)))
+}
+
+fn figures(task: &Task, results: &[SeedResult], duration_s: f64, lrs: &[f64]) -> Vec<Figure> {
+    let section = "versus-ddp";
+    let n = results.len();
+    let both: Vec<&SeedResult> = results.iter().filter(|r| r.swarm.is_some() && r.ddp.is_some()).collect();
+    let ratios = |f: fn(&SeedResult) -> f64| spread(&both.iter().map(|r| f(r)).collect::<Vec<_>>());
+    let context = format!(
+        "{} of {n} seeds where both reached the seed's target ({TARGET_MARGIN} x the lone node's best in {duration_s} s); DDP's rate swept over {lrs:?} on the first seed",
+        both.len()
+    );
+    let mut figs = Vec::new();
+    let time = ratios(|r| r.swarm.map_or(f64::NAN, |s| s.0) / r.ddp.map_or(f64::NAN, |d| d.0));
+    let samples = ratios(|r| r.swarm.map_or(f64::NAN, |s| s.1 as f64) / r.ddp.map_or(f64::NAN, |d| d.1 as f64));
+    if let Some((mean, lo, hi)) = time {
+        figs.push(
+            Figure::new(
+                section,
+                &format!("{}: ragtag swarm time to target / PyTorch DDP's (goal <= 0.5)", task.name),
+                mean,
+                "",
+            )
+            .with_note(format!("range {lo:.3}..{hi:.3}; {context}")),
+        );
+    }
+    if let Some((mean, lo, hi)) = samples {
+        figs.push(
+            Figure::new(
+                section,
+                &format!("{}: ragtag swarm samples to target / PyTorch DDP's (goal <= 1.2)", task.name),
+                mean,
+                "",
+            )
+            .with_note(format!("range {lo:.3}..{hi:.3}")),
+        );
+    }
+    // Where only the swarm reached the target, DDP's time is beyond the
+    // budget: the ratio is at most the swarm's time over the budget.
+    let bounds: Vec<String> = results
+        .iter()
+        .filter_map(|r| match (r.swarm, r.ddp) {
+            (Some((t, _)), None) => Some(format!("seed {}: <= {:.3}", r.seed, t / duration_s)),
+            _ => None,
+        })
+        .collect();
+    if !bounds.is_empty() {
+        figs.push(
+            Figure::new(
+                section,
+                &format!("{}: seeds where only the swarm reached the target", task.name),
+                bounds.len() as f64,
+                &format!("of {n}"),
+            )
+            .with_note(format!("time ratio to DDP bounded by swarm time / budget: {}", bounds.join(", "))),
+        );
+    }
+    let count = |f: fn(&SeedResult) -> bool| results.iter().filter(|r| f(r)).count();
+    figs.push(Figure::new(
+        section,
+        &format!("{}: seeds where the swarm reached the target", task.name),
+        count(|r| r.swarm.is_some()) as f64,
+        &format!("of {n}"),
+    ));
+    figs.push(Figure::new(
+        section,
+        &format!("{}: seeds where PyTorch DDP reached the target", task.name),
+        count(|r| r.ddp.is_some()) as f64,
+        &format!("of {n}"),
+    ));
+    figs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_keep_two_digits() {
+        assert_eq!(two_digits(0.003 * 3.0).to_string(), "0.009");
+        assert_eq!(two_digits(0.0123).to_string(), "0.012");
+    }
+
+    #[test]
+    fn the_curve_reaches_a_target_by_its_smoothed_loss() {
+        let c = Curve { points: vec![(1.0, 1.0, 10), (2.0, 0.1, 20), (3.0, 1.0, 30), (4.0, 0.5, 40), (5.0, 0.5, 50)] };
+        // Means of three: 0.7 at 3 s, 0.533 at 4 s, 0.667 at 5 s: one
+        // lucky evaluation (0.1) does not reach 0.6.
+        assert_eq!(c.time_to(0.6), Some((4.0, 40)));
+        assert_eq!(c.time_to(0.5), None);
+        assert!((c.best().unwrap() - 1.6 / 3.0).abs() < 1e-12);
+    }
+}

@@ -12,7 +12,7 @@ use std::{fmt::Write as _, path::PathBuf};
 use anyhow::Result;
 use clap::Parser;
 use ragtag_protocol::engine::Strategy;
-use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, trainer, transfer, versus_ddp};
+use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, suite, trainer, transfer, versus_ddp};
 
 #[global_allocator]
 static ALLOC: bench::CountingAllocator = bench::CountingAllocator;
@@ -45,9 +45,19 @@ struct Args {
     /// The node binary versus-ddp runs (default: target/release/ragtag).
     #[arg(long)]
     ragtag: Option<PathBuf>,
-    /// Each versus-ddp run's budget in seconds (default: 300 full, 180 quick).
+    /// Each versus-ddp run's budget in seconds (default: 200 full, 120 quick).
     #[arg(long)]
     ddp_seconds: Option<f64>,
+    /// The versus-ddp tasks (default: all of teacher-digits,
+    /// char-shakespeare, cnn-digits).
+    #[arg(long, value_delimiter = ',')]
+    tasks: Option<Vec<String>>,
+    /// Seeds per versus-ddp task (default: 3 full, 1 quick).
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// The text task's file.
+    #[arg(long, default_value = "../shared/data/shakespeare.txt")]
+    text: PathBuf,
 }
 
 fn main() -> Result<()> {
@@ -181,26 +191,39 @@ fn main() -> Result<()> {
     if only.as_ref().is_some_and(|o| o.iter().any(|x| x == "task-data")) {
         // Only the generated task files (what tests/tasks/*.toml read), for
         // the simulator without PyTorch.
-        let t = versus_ddp::task(&repo, versus_ddp::TARGET)?;
-        println!("{} (held-out floor {:.4})", t.csv.display(), t.floor);
+        let (csv, floor) = suite::teacher_digits_file(&repo)?;
+        println!("{} (held-out floor {floor:.4})", csv.display());
+        println!("{}", suite::augmented_digits_file(&repo)?.display());
     }
     if wants("versus-ddp") {
         // `--ragtag PATH`: the node binary (default: the release build).
         let ragtag = args.ragtag.clone().unwrap_or_else(|| repo.join("target/release/ragtag"));
         let ragtag = std::fs::canonicalize(&ragtag).unwrap_or(ragtag);
-        // `--ddp-seconds N`: each run's budget.
-        let seconds = args.ddp_seconds.unwrap_or(if full { 300.0 } else { 180.0 });
+        let seconds = args.ddp_seconds.unwrap_or(if full { 200.0 } else { 120.0 });
         let lrs: &[f64] = if full { &[3e-4, 1e-3, 3e-3] } else { &[1e-3] };
-        let f = versus_ddp::run(&repo, &ragtag, seconds, lrs, &out_dir.join("versus-ddp"))?;
-        section(
-            "Real swarm vs PyTorch DDP",
-            &format!(
-                "`ragtag-bench --only versus-ddp`: a generated teacher-labelled task in the digits CSV format (200,000 rows, every fifth held out, 2,000 of them evaluated), MLP 64-256-256-10. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new --data digits:FILE --model mlp --hidden 256,256` writes (its learning-rate probe included; only eval_samples changed), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control; PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, batch 64 per rank, beta2 0.999, no weight decay or clipping) with one rank per node at the same floors. Times are wall seconds: for ragtag node 0's own clock (it starts after the node's data load) plus its launch offset, for DDP since the start of training (after its data load). A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating about every 0.5 s.",
-                versus_ddp::STEP_TIMES
-            ),
-            &f,
-            &mut md,
-        );
+        let seeds: Vec<u64> = (0..args.seeds.unwrap_or(if full { 3 } else { 1 })).collect();
+        let names: Vec<String> =
+            args.tasks.clone().unwrap_or_else(|| suite::NAMES.iter().map(|n| n.to_string()).collect());
+        let text = std::fs::canonicalize(repo.join(&args.text)).unwrap_or_else(|_| args.text.clone());
+        for name in &names {
+            let task = suite::task(&repo, name, &text)?;
+            let (f, per_seed) =
+                versus_ddp::run(&repo, &ragtag, &task, &seeds, seconds, lrs, &out_dir.join("versus-ddp"))?;
+            section(
+                &format!("Real swarm vs PyTorch DDP: {}", task.name),
+                &format!(
+                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
+                    task.name,
+                    seeds.len(),
+                    task.describe,
+                    task.swarm_new.join(" "),
+                    task.step_times,
+                    versus_ddp::TARGET_MARGIN,
+                ),
+                &f,
+                &mut md,
+            );
+        }
     }
     if only.is_none() {
         let _ = writeln!(md, "{}", include_str!("../bench/analysis.md"));
