@@ -21,3 +21,4 @@ pub mod status;
 pub mod status_page;
 pub mod swarm_key;
 pub mod trainer_thread;
+pub mod wall_clock;

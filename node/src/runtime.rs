@@ -18,7 +18,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use libp2p::{Multiaddr, PeerId};
@@ -29,7 +29,6 @@ use ragtag_protocol::{
     ids::{Hash32, UpdateId},
     ledger::{LedgerWriter, RecordKind, SignedRecord},
     manifest::Manifest,
-    time::Micros,
     validate::{RejectReason, UpdateValidator},
     wire::UpdateAnnouncement,
 };
@@ -106,10 +105,7 @@ pub(crate) enum Internal {
     Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, fetch::FetchError> },
 }
 
-/// Wall-clock now, in the engine's time.
-pub fn now() -> Micros {
-    Micros(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64))
-}
+pub use crate::wall_clock::now;
 
 /// How a node run ended.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -527,6 +523,7 @@ impl Node {
                             "version": self.engine.version().total(),
                             "samples": self.engine.stats().samples, "busy_s": self.busy_s,
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
+                            "bytes_out": self.bytes_out,
                             "sketch": &ragtag_protocol::engine::anti_entropy::anchor_sketch(self.engine.anchor())[..32.min(self.engine.anchor().len())],
                         }),
                     );

@@ -229,7 +229,7 @@ fn serve(
                 let start = Instant::now();
                 // The engine's deadline (Unix µs) as a monotonic instant.
                 let deadline = p.deadline.map(|d| {
-                    let left = d.0.saturating_sub(crate::runtime::now().0);
+                    let left = d.0.saturating_sub(crate::wall_clock::now().0);
                     start + Duration::from_micros(left)
                 });
                 let mut compute = Duration::ZERO;

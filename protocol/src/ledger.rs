@@ -13,7 +13,7 @@ pub use summary::{LedgerSummary, PeerCredit, Vouchers, summarize};
 use crate::{
     identity::{self, Keypair, Signable, SignatureCheck, Signed},
     ids::{Hash32, NodeId, RunId, UpdateId},
-    validate::RejectReason,
+    reject::RejectReason,
 };
 
 /// A signed ledger record.

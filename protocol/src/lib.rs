@@ -8,6 +8,16 @@
 //! and how to merge what others published. It never reads a clock, a socket,
 //! a file or the OS's randomness: time and seeds are inputs, so the node and
 //! the simulator drive the very same code (the sans-IO shape of quinn-proto).
+//!
+//! The modules form layers; each uses only the layers below it:
+//! 1. `ids`, `rng`, `time` (with tick mode's clock stretch), `reject` (the
+//!    reasons for refusing peer input), `codec`; then `identity` and
+//!    `version` over `ids`.
+//! 2. `ledger`: the signed records and receipts.
+//! 3. `wire`: the messages, which carry ledger records, and their limits.
+//! 4. `chunks` (reassembly of chunked payloads and states) and `validate`
+//!    (what a peer's update must pass before it is used).
+//! 5. `engine` (its configuration included) and, over it, `manifest`.
 
 pub mod chunks;
 pub mod codec;
@@ -16,6 +26,7 @@ pub mod identity;
 pub mod ids;
 pub mod ledger;
 pub mod manifest;
+pub mod reject;
 pub mod rng;
 pub mod time;
 pub mod validate;

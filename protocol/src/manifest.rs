@@ -11,8 +11,8 @@ use crate::{
     ids::{Hash32, RunId},
 };
 
-/// Largest manifest we accept from a peer (bytes, canonical encoding).
-pub const MAX_MANIFEST_BYTES: usize = 16 * 1024;
+/// Largest manifest we accept from a peer: a wire limit, kept with the others.
+pub use crate::wire::MAX_MANIFEST_BYTES;
 
 /// Domain of the run-id hash.
 const RUN_ID_DOMAIN: &[u8] = b"ragtag/v1/manifest";

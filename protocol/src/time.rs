@@ -31,6 +31,20 @@ impl Micros {
     }
 }
 
+/// One stretch of tick mode's round clock: from `start`, ticks of `period`,
+/// numbered from `first_tick`. It travels in heartbeats (the clock leader's
+/// newest stretch), so it sits here, below the wire, and the engine's tick
+/// clock is built from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSegment {
+    /// When the stretch begins.
+    pub start: Micros,
+    /// The number of its first tick.
+    pub first_tick: u64,
+    /// Its tick period.
+    pub period: Micros,
+}
+
 impl Add for Micros {
     type Output = Micros;
     fn add(self, rhs: Micros) -> Micros {

@@ -5,8 +5,6 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use serde::{Deserialize, Serialize};
-
 use crate::{
     codec::Payload,
     identity::Signed,
@@ -14,80 +12,7 @@ use crate::{
     wire::UpdateAnnouncement,
 };
 
-/// Why an update (or message) was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum RejectReason {
-    /// Over a size limit.
-    TooLarge,
-    /// Does not decode.
-    Malformed,
-    /// Signature does not verify.
-    BadSignature,
-    /// For another run.
-    WrongRun,
-    /// Already applied (same source and round).
-    Replay,
-    /// Wrong number of values or an unusable codec.
-    ShapeMismatch,
-    /// NaN or infinity in the values.
-    NonFinite,
-    /// Norm per step far above the running median of accepted updates.
-    NormTooLarge,
-    /// Staler than `tau_max`.
-    TooStale,
-    /// The sender is not on the allowlist of a private swarm.
-    NotAllowed,
-    /// The payload does not hash to the announced hash.
-    HashMismatch,
-}
-
-impl RejectReason {
-    /// Every reason, for metric labels.
-    pub const ALL: [RejectReason; 11] = [
-        RejectReason::TooLarge,
-        RejectReason::Malformed,
-        RejectReason::BadSignature,
-        RejectReason::WrongRun,
-        RejectReason::Replay,
-        RejectReason::ShapeMismatch,
-        RejectReason::NonFinite,
-        RejectReason::NormTooLarge,
-        RejectReason::TooStale,
-        RejectReason::NotAllowed,
-        RejectReason::HashMismatch,
-    ];
-
-    /// A snake_case name for metrics and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            RejectReason::TooLarge => "too_large",
-            RejectReason::Malformed => "malformed",
-            RejectReason::BadSignature => "bad_signature",
-            RejectReason::WrongRun => "wrong_run",
-            RejectReason::Replay => "replay",
-            RejectReason::ShapeMismatch => "shape_mismatch",
-            RejectReason::NonFinite => "non_finite",
-            RejectReason::NormTooLarge => "norm_too_large",
-            RejectReason::TooStale => "too_stale",
-            RejectReason::NotAllowed => "not_allowed",
-            RejectReason::HashMismatch => "hash_mismatch",
-        }
-    }
-
-    /// True when the reason shows misbehaviour (lowers the sender's score),
-    /// rather than bad luck such as a slow link. A replay is not: whether an
-    /// update was already applied depends on the receiver's state, and an
-    /// honest peer that has not applied it yet may well forward it.
-    pub fn is_misbehaviour(self) -> bool {
-        !matches!(self, RejectReason::TooStale | RejectReason::Replay)
-    }
-}
-
-impl std::fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::reject::RejectReason;
 
 /// The poisoning guard: an update whose norm (per step, see
 /// [`UpdateValidator::check_payload`]) exceeds `factor` times the median of

@@ -31,6 +31,8 @@ pub const MAX_GOSSIP_BYTES: usize = 60 * 1024;
 pub const MAX_SKETCH_VALUES: usize = 4096;
 /// Most missing ids listed in one anti-entropy reply.
 pub const MAX_MISSING_IDS: usize = 256;
+/// Largest manifest we accept from a peer (bytes, canonical encoding).
+pub const MAX_MANIFEST_BYTES: usize = 16 * 1024;
 
 /// "I finished a round; here is what my update is and where to get it."
 /// Gossiped; small; signed by its source.
@@ -99,7 +101,7 @@ pub struct Heartbeat {
     pub leaving: bool,
     /// Its newest tick-clock stretch (tick mode): followers adopt the
     /// clock leader's.
-    pub clock: Option<crate::engine::tick::ClockSegment>,
+    pub clock: Option<crate::time::ClockSegment>,
 }
 
 impl Signable for Heartbeat {
@@ -314,7 +316,7 @@ impl MessageKind {
             MessageKind::StateRequest | MessageKind::ManifestRequest => 256,
             MessageKind::PayloadChunk | MessageKind::StateChunk => MAX_CHUNK_BYTES + 256,
             MessageKind::Digest => 512 * 1024,
-            MessageKind::Manifest => crate::manifest::MAX_MANIFEST_BYTES + 16,
+            MessageKind::Manifest => MAX_MANIFEST_BYTES + 16,
             MessageKind::Error => 16,
             MessageKind::Probe => 16,
             MessageKind::ProbeReply => MAX_CHUNK_BYTES + 16,

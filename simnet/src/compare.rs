@@ -2,39 +2,23 @@
 //! ideal (the time the swarm's aggregate compute needs for the samples
 //! that ddp needed).
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
 use ragtag_protocol::engine::Strategy;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    plot::PlotError,
-    report::{ReportError, RunSummary, loss_at_samples, secs},
+    report::{RunSummary, loss_at_samples, secs},
     scenario::Scenario,
     sim::{RunOptions, RunOutput, SimError, run},
 };
 
-/// Why a comparison could not be run or written.
+/// Why a comparison could not be run.
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
     /// One of the runs failed.
     #[error(transparent)]
     Run(#[from] SimError),
-    /// The output directory could not be created.
-    #[error(transparent)]
-    CreateDir(std::io::Error),
-    /// The summary could not be serialised.
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// summary.json could not be written.
-    #[error(transparent)]
-    WriteSummary(std::io::Error),
-    /// The CSV files could not be written.
-    #[error(transparent)]
-    Report(#[from] ReportError),
-    /// The plots could not be drawn.
-    #[error(transparent)]
-    Plot(#[from] PlotError),
 }
 
 /// One strategy's figures, averaged over seeds.
@@ -260,14 +244,4 @@ pub fn table(c: &Comparison) -> String {
         );
     }
     out
-}
-
-/// Writes summary.json, the CSV files and the plots into `dir`.
-pub fn write_all(dir: &Path, c: &Comparison, outputs: &[RunOutput]) -> Result<(), CompareError> {
-    std::fs::create_dir_all(dir).map_err(CompareError::CreateDir)?;
-    std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(c)? + "\n")
-        .map_err(CompareError::WriteSummary)?;
-    crate::report::write_csv(dir, outputs)?;
-    crate::plot::write_plots(dir, c, outputs)?;
-    Ok(())
 }

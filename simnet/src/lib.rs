@@ -13,6 +13,7 @@ pub mod compare;
 pub mod measure;
 pub mod netns;
 pub mod network;
+pub mod outputs;
 pub mod plot;
 pub mod real;
 pub mod report;

@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand};
 use ragtag_protocol::engine::{Strategy, inner_lr::InnerLr};
 use ragtag_simnet::{
     ablation::{self, LateUpdates, ablate_staleness},
-    compare::{compare, summarize, table, write_all},
+    compare::{compare, summarize, table},
+    outputs::write_all,
     report::{RunSummary, run_line},
     scenario::{BUILTIN, Scenario},
     sim::{RunOptions, run},

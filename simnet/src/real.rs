@@ -149,8 +149,24 @@ fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: 
 /// One node's reports.
 #[derive(Debug, Default)]
 struct NodeReport {
-    rounds: Vec<(f64, Option<f32>, u64, u64)>,
+    rounds: Vec<RoundReport>,
     exit: Option<serde_json::Value>,
+}
+
+/// What a node's `round` line says, as far as the report uses it.
+#[derive(Debug)]
+struct RoundReport {
+    /// Seconds since the first process started.
+    t: f64,
+    /// Its last held-out loss, if it evaluated yet.
+    eval: Option<f32>,
+    /// Samples it trained on so far.
+    samples: u64,
+    /// Bytes it sent so far (its own counter).
+    bytes_out: u64,
+    /// The first values of its anchor sketch (the same positions on every
+    /// replica).
+    sketch: Vec<f32>,
 }
 
 /// Runs the scenario's nodes as real processes.
@@ -244,14 +260,16 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
                 if v["event"] == "exit" {
                     report.exit = Some(v);
                 } else if v["event"] == "round" {
-                    let t = node.offset_s + v["t"].as_f64().unwrap_or(0.0);
-                    let eval = v["eval_loss"].as_f64().map(|l| l as f32);
-                    report.rounds.push((
-                        t,
-                        eval,
-                        v["samples"].as_u64().unwrap_or(0),
-                        v["version"].as_u64().unwrap_or(0),
-                    ));
+                    let sketch = v["sketch"]
+                        .as_array()
+                        .map_or_else(Vec::new, |a| a.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect());
+                    report.rounds.push(RoundReport {
+                        t: node.offset_s + v["t"].as_f64().unwrap_or(0.0),
+                        eval: v["eval_loss"].as_f64().map(|l| l as f32),
+                        samples: v["samples"].as_u64().unwrap_or(0),
+                        bytes_out: v["bytes_out"].as_u64().unwrap_or(0),
+                        sketch,
+                    });
                 }
             }
         }
@@ -265,6 +283,24 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
     Ok(to_output(scenario, opts, &profiles, &reports))
 }
 
+/// The largest and the mean relative distance of the replicas' anchor
+/// sketches to their mean: the consensus distance virtual mode measures on
+/// whole anchors, estimated from the strided values each node prints. NaN
+/// when the sketches do not compare (none, or of different lengths).
+fn sketch_consensus(sketches: &[&[f32]]) -> (f32, f32) {
+    let Some(len) = sketches.first().map(|s| s.len()) else { return (f32::NAN, f32::NAN) };
+    if len == 0 || sketches.iter().any(|s| s.len() != len) {
+        return (f32::NAN, f32::NAN);
+    }
+    let mean: Vec<f32> = (0..len).map(|i| sketches.iter().map(|s| s[i]).sum::<f32>() / sketches.len() as f32).collect();
+    let norm = mean.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+    let d: Vec<f32> = sketches
+        .iter()
+        .map(|s| s.iter().zip(&mean).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt() / norm)
+        .collect();
+    (d.iter().copied().fold(0.0, f32::max), d.iter().sum::<f32>() / d.len() as f32)
+}
+
 /// Builds the virtual mode's report from real nodes' reports.
 fn to_output(
     scenario: &Scenario,
@@ -272,29 +308,31 @@ fn to_output(
     profiles: &[speed::SpeedProfile],
     reports: &[NodeReport],
 ) -> RunOutput {
-    let end = reports.iter().flat_map(|r| r.rounds.last().map(|x| x.0)).fold(0.0, f64::max);
+    let end = reports.iter().flat_map(|r| r.rounds.last().map(|x| x.t)).fold(0.0, f64::max);
     let mut series = Vec::new();
     let mut t = 0.0;
     let mut target_at = None;
     while t <= end + scenario.sample_every_s {
-        let latest: Vec<&(f64, Option<f32>, u64, u64)> =
-            reports.iter().filter_map(|r| r.rounds.iter().rfind(|x| x.0 <= t)).collect();
-        let losses: Vec<f32> = latest.iter().filter_map(|x| x.1).collect();
+        let latest: Vec<&RoundReport> = reports.iter().filter_map(|r| r.rounds.iter().rfind(|x| x.t <= t)).collect();
+        let losses: Vec<f32> = latest.iter().filter_map(|x| x.eval).collect();
         if !losses.is_empty() {
             let loss = losses.iter().sum::<f32>() / losses.len() as f32;
             if target_at.is_none() && loss <= scenario.target_loss {
                 target_at = Some(t);
             }
+            let sketches: Vec<&[f32]> = latest.iter().map(|x| x.sketch.as_slice()).collect();
+            let (consensus_max, consensus_mean) = sketch_consensus(&sketches);
             series.push(Sample {
                 t,
                 loss,
+                // Rounds report the held-out loss only.
                 accuracy: f32::NAN,
-                samples: latest.iter().map(|x| x.2).sum(),
-                updates: reports.iter().map(|r| r.rounds.iter().filter(|x| x.0 <= t).count() as u64).sum(),
-                consensus_max: 0.0,
-                consensus_mean: 0.0,
+                samples: latest.iter().map(|x| x.samples).sum(),
+                updates: reports.iter().map(|r| r.rounds.iter().filter(|x| x.t <= t).count() as u64).sum(),
+                consensus_max,
+                consensus_mean,
                 live: latest.len() as u32,
-                bytes: 0,
+                bytes: latest.iter().map(|x| x.bytes_out).sum(),
             });
         }
         t += scenario.sample_every_s;
@@ -329,7 +367,6 @@ fn to_output(
             }
         })
         .collect();
-    let _ = opts;
     RunOutput {
         strategy: opts.strategy,
         seed: 0,
@@ -337,12 +374,29 @@ fn to_output(
         nodes,
         tally,
         layers: LayerRecorder::new(Vec::new(), reports.len(), 0),
-        replica_losses: reports.iter().filter_map(|r| r.rounds.iter().rev().find_map(|x| x.1)).collect(),
+        replica_losses: reports.iter().filter_map(|r| r.rounds.iter().rev().find_map(|x| x.eval)).collect(),
         time_to_target_s: target_at,
         end_s: end,
         messages_lost: 0,
         floor: None,
         aggregate_work: profiles.iter().map(|p| p.base).sum::<f64>() * end,
         events: reports.iter().map(|r| r.rounds.len() as u64).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sketch_consensus_is_the_relative_distance_to_the_mean_sketch() {
+        let (a, b) = ([1.0f32, 0.0], [1.0f32, 2.0]);
+        // Mean (1, 1), norm sqrt 2; each sketch lies 1 from it.
+        let (max, mean) = sketch_consensus(&[&a, &b]);
+        assert!((max - 1.0 / 2f32.sqrt()).abs() < 1e-6 && (mean - max).abs() < 1e-6, "{max} {mean}");
+        assert_eq!(sketch_consensus(&[&a, &a]), (0.0, 0.0));
+        let (m, _) = sketch_consensus(&[&a, &[1.0]]);
+        assert!(m.is_nan(), "sketches of different lengths do not compare");
+        assert!(sketch_consensus(&[]).0.is_nan());
     }
 }

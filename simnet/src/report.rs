@@ -204,7 +204,10 @@ fn create(dir: &Path, name: &str) -> Result<std::io::BufWriter<std::fs::File>, R
     }
 }
 
-/// Writes the CSV files of a set of runs into `dir`.
+/// Writes the CSV files of a set of runs into `dir`. The per-layer and
+/// per-group files are written only when some run measured them (real
+/// processes report no layers): an absent file says "not measured", where
+/// a file of headers would read as "nothing happened".
 pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     let mut ts = create(dir, "timeseries.csv")?;
     writeln!(ts, "strategy,seed,t,loss,accuracy,samples,updates,consensus_max,consensus_mean,live,bytes")?;
@@ -213,6 +216,52 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
         nodes,
         "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples"
     )?;
+    let layered = runs.iter().any(|r| !r.layers.samples.is_empty() || !r.layers.group_samples.is_empty());
+    for r in runs {
+        write_series(&mut ts, &mut nodes, r)?;
+    }
+    for mut w in [ts, nodes] {
+        w.flush()?;
+    }
+    if layered {
+        write_layers(dir, runs)?;
+    }
+    Ok(())
+}
+
+type Csv = std::io::BufWriter<std::fs::File>;
+
+fn write_series(ts: &mut Csv, nodes: &mut Csv, r: &RunOutput) -> Result<(), ReportError> {
+    let s = r.strategy.name();
+    for x in &r.series {
+        writeln!(
+            ts,
+            "{s},{},{:.3},{:.6},{:.6},{},{},{:.3e},{:.3e},{},{}",
+            r.seed, x.t, x.loss, x.accuracy, x.samples, x.updates, x.consensus_max, x.consensus_mean, x.live, x.bytes
+        )?;
+    }
+    for n in &r.nodes {
+        let rate = if n.alive_s > 0.0 { n.updates as f64 / n.alive_s } else { 0.0 };
+        writeln!(
+            nodes,
+            "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{}",
+            r.seed,
+            n.index,
+            n.speed,
+            n.group,
+            n.utilisation(),
+            n.busy_s,
+            n.alive_s,
+            n.bytes_sent,
+            n.updates,
+            rate,
+            n.samples
+        )?;
+    }
+    Ok(())
+}
+
+fn write_layers(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     let mut layers = create(dir, "layers.csv")?;
     writeln!(
         layers,
@@ -225,40 +274,6 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     writeln!(by_node, "strategy,seed,node,speed,layer,mean_update_norm,updates")?;
     for r in runs {
         let s = r.strategy.name();
-        for x in &r.series {
-            writeln!(
-                ts,
-                "{s},{},{:.3},{:.6},{:.6},{},{},{:.3e},{:.3e},{},{}",
-                r.seed,
-                x.t,
-                x.loss,
-                x.accuracy,
-                x.samples,
-                x.updates,
-                x.consensus_max,
-                x.consensus_mean,
-                x.live,
-                x.bytes
-            )?;
-        }
-        for n in &r.nodes {
-            let rate = if n.alive_s > 0.0 { n.updates as f64 / n.alive_s } else { 0.0 };
-            writeln!(
-                nodes,
-                "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{}",
-                r.seed,
-                n.index,
-                n.speed,
-                n.group,
-                n.utilisation(),
-                n.busy_s,
-                n.alive_s,
-                n.bytes_sent,
-                n.updates,
-                rate,
-                n.samples
-            )?;
-        }
         for l in &r.layers.samples {
             writeln!(
                 layers,
@@ -287,7 +302,7 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
             }
         }
     }
-    for mut w in [ts, nodes, layers, by_node, groups] {
+    for mut w in [layers, by_node, groups] {
         w.flush()?;
     }
     Ok(())

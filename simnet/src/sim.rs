@@ -40,8 +40,8 @@ use crate::{
 };
 
 /// Payloads up to this size travel inline with their announcement (one
-/// gossip message), as the node does; larger ones are fetched.
-pub const INLINE_PAYLOAD_BYTES: usize = 48 * 1024;
+/// gossip message); larger ones are fetched: the node's own limit.
+pub const INLINE_PAYLOAD_BYTES: usize = ragtag_protocol::wire::MAX_INLINE_PAYLOAD;
 /// Wire overhead of a signed announcement beyond its body.
 const SIGNED_OVERHEAD: usize = 72;
 /// Size of a heartbeat on the wire.
@@ -494,7 +494,6 @@ impl<'a> Sim<'a> {
                 }
             })
             .collect();
-        let _ = (self.strategy, self.seed);
         Ok(RunOutput {
             strategy: self.strategy,
             seed: self.seed.wrapping_sub(self.scenario.seed),

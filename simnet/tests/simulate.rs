@@ -3,7 +3,8 @@
 
 use ragtag_protocol::engine::{Strategy, inner_lr::InnerLr};
 use ragtag_simnet::{
-    compare::{compare, write_all},
+    compare::compare,
+    outputs::write_all,
     report::RunSummary,
     scenario::{BUILTIN, Scenario},
     sim::{RunOptions, run},

@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::time::ClockSegment;
 use crate::time::Micros;
 
 /// Tick numbers at which the period may change.
@@ -17,18 +18,6 @@ pub const RESCALE_EVERY: u64 = 8;
 pub const RESCALE_THRESHOLD: f64 = 0.25;
 /// Segments kept (older ones are never needed: rounds last about one tick).
 const MAX_SEGMENTS: usize = 4;
-
-/// One stretch of the clock: from `start`, ticks of `period`, numbered from
-/// `first_tick`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClockSegment {
-    /// When the stretch begins.
-    pub start: Micros,
-    /// The number of its first tick.
-    pub first_tick: u64,
-    /// Its tick period.
-    pub period: Micros,
-}
 
 type Segment = ClockSegment;
 

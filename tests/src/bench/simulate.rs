@@ -6,7 +6,8 @@ use std::{path::Path, process::Command, time::Instant};
 
 use ragtag_protocol::engine::Strategy;
 use ragtag_simnet::{
-    compare::{Comparison, compare, table, write_all},
+    compare::{Comparison, compare, table},
+    outputs::write_all,
     scenario::Scenario,
 };
 
