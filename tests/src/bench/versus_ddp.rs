@@ -19,6 +19,7 @@ use std::{
 };
 
 use ragtag_node::manifest_file;
+use ragtag_protocol::manifest::Manifest;
 
 use super::{Figure, suite::Task};
 use crate::Proc;
@@ -76,8 +77,8 @@ impl Curve {
 
 /// The manifest a user gets from `ragtag swarm new` with the task's
 /// arguments (its learning-rate probe included), with only the held-out
-/// size changed where the task says. Returns its path and the inner rate.
-pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Result<(PathBuf, f32)> {
+/// size changed where the task says. Returns its path and the manifest.
+pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Result<(PathBuf, Manifest)> {
     std::fs::create_dir_all(dir)?;
     let out = Command::new(ragtag)
         .args(["swarm", "new", "--name", task.name, "--seed", &seed.to_string()])
@@ -94,7 +95,7 @@ pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Re
         m.rationale.insert("eval_samples".into(), format!("{n}: the benchmark's held-out size"));
         manifest_file::write(&m, &path)?;
     }
-    Ok((path, m.training.lr))
+    Ok((path, m))
 }
 
 /// Runs `step_times.len()` ragtag nodes for `duration_s` and returns node
@@ -253,8 +254,10 @@ pub struct SeedResult {
     pub swarm_best: f64,
     /// The swarm's time and samples to the target.
     pub swarm: Option<(f64, u64)>,
-    /// DDP's learning rate.
+    /// DDP's learning rate (the best of `ddp_swept`).
     pub ddp_lr: f64,
+    /// The rates DDP ran at, in order.
+    pub ddp_swept: Vec<f64>,
     /// DDP's best smoothed loss (it stops at the target).
     pub ddp_best: f64,
     /// DDP's time and samples to the target.
@@ -290,8 +293,7 @@ pub fn run_seed(
     out: &Path,
 ) -> anyhow::Result<SeedResult> {
     let out = out.join(format!("seed{seed}"));
-    let (manifest_path, ragtag_lr) = manifest(ragtag, task, seed, &out.join("run"))?;
-    let m = manifest_file::read(&manifest_path)?;
+    let (manifest_path, m) = manifest(ragtag, task, seed, &out.join("run"))?;
     eprintln!("{} seed {seed}: ragtag single node, step time {} s", task.name, task.step_times[0]);
     let single = ragtag_swarm(ragtag, &manifest_path, task, &task.step_times[..1], duration_s, &out.join("single"))?;
     single.write_csv(&out.join("single.csv"))?;
@@ -330,12 +332,13 @@ pub fn run_seed(
     let (ddp_lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
     Ok(SeedResult {
         seed,
-        ragtag_lr,
+        ragtag_lr: m.training.lr,
         lone_best,
         target,
         swarm_best: swarm.best().unwrap_or(f64::NAN),
         swarm: swarm.time_to(target),
         ddp_lr,
+        ddp_swept: sweep,
         ddp_best: ddp.best().unwrap_or(f64::NAN),
         ddp: ddp.time_to(target),
     })
@@ -364,7 +367,7 @@ pub fn run(
         eprintln!("{}", seed_line(&r));
         results.push(r);
     }
-    Ok((figures(task, &results, duration_s, lrs), seed_table(&results, duration_s)))
+    Ok((figures(task, &results, duration_s), seed_table(&results, duration_s)))
 }
 
 fn seed_line(r: &SeedResult) -> String {
@@ -426,14 +429,15 @@ fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
     Some((mean, v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max)))
 }
 
-fn figures(task: &Task, results: &[SeedResult], duration_s: f64, lrs: &[f64]) -> Vec<Figure> {
+fn figures(task: &Task, results: &[SeedResult], duration_s: f64) -> Vec<Figure> {
     let section = "versus-ddp";
     let n = results.len();
     let both: Vec<&SeedResult> = results.iter().filter(|r| r.swarm.is_some() && r.ddp.is_some()).collect();
     let ratios = |f: fn(&SeedResult) -> f64| spread(&both.iter().map(|r| f(r)).collect::<Vec<_>>());
     let context = format!(
-        "{} of {n} seeds where both reached the seed's target ({TARGET_MARGIN} x the lone node's best in {duration_s} s); DDP's rate swept over {lrs:?} on the first seed",
-        both.len()
+        "{} of {n} seeds where both reached the seed's target ({TARGET_MARGIN} x the lone node's best in {duration_s} s); DDP's rate swept over {:?} on the first seed",
+        both.len(),
+        results.first().map_or(&[][..], |r| &r.ddp_swept[..]),
     );
     let mut figs = Vec::new();
     let time = ratios(|r| r.swarm.map_or(f64::NAN, |s| s.0) / r.ddp.map_or(f64::NAN, |d| d.0));
