@@ -80,6 +80,11 @@ async fn run(args: Args) -> Result<()> {
         listen.push("/ip4/127.0.0.1/tcp/0".parse()?);
     }
     let beyond_loopback = listen.iter().any(|a| !a.to_string().starts_with("/ip4/127."));
+    if swarm_key.is_some() && listen.iter().any(net::is_quic) {
+        anyhow::bail!("a private swarm (--swarm-key) runs over TCP only: QUIC cannot carry its key");
+    }
+    // QUIC when a listen address asks for it.
+    let quic = listen.iter().any(net::is_quic);
     let cfg = net::Config {
         keypair,
         topic: "ragtag/bootstrap".into(),
@@ -88,7 +93,7 @@ async fn run(args: Args) -> Result<()> {
         swarm_key,
         allow: Vec::new(),
         mdns: false,
-        quic: false,
+        quic,
         dial_remote: beyond_loopback,
         relay_server: true,
     };

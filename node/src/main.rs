@@ -317,8 +317,10 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
     let swarm_key = args.swarm_key.as_deref().map(swarm_key::load).transpose()?;
     let bootstrap = parse_addrs(&args.bootstrap, "--bootstrap")?;
     let mut listen = parse_addrs(&args.listen, "--listen")?;
-    let quic = args.quic.unwrap_or(false) && swarm_key.is_none();
-    if args.quic.unwrap_or(false) && swarm_key.is_some() {
+    // A QUIC address to listen on or to join through asks for QUIC too.
+    let wants_quic = args.quic.unwrap_or(false) || listen.iter().chain(&bootstrap).any(net::is_quic);
+    let quic = wants_quic && swarm_key.is_none();
+    if wants_quic && swarm_key.is_some() {
         tracing::warn!("QUIC cannot carry the swarm key of a private swarm: using TCP only");
     }
     if listen.is_empty() {

@@ -28,6 +28,20 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// A connection-kind label (direct, relayed, quic, unknown).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabel {
+    /// The kind.
+    pub connection: String,
+}
+
+/// An outcome label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome, snake_case.
+    pub outcome: String,
+}
+
 /// Our metrics.
 #[derive(Debug)]
 pub struct NodeMetrics {
@@ -79,6 +93,10 @@ pub struct NodeMetrics {
     pub inner_lr_scale: Gauge<f64, AtomicU64>,
     /// Changes of the inner learning rate, by reason (plateau, spike).
     pub inner_lr_changes: Family<ReasonLabel, Counter>,
+    /// Bytes received by how the sender was reached.
+    pub bytes_in_by_connection: Family<ConnectionLabel, Counter>,
+    /// Hole punches by outcome (direct, failed).
+    pub hole_punches: Family<OutcomeLabel, Counter>,
 }
 
 impl NodeMetrics {
@@ -109,6 +127,8 @@ impl NodeMetrics {
             consensus_distance: Gauge::default(),
             inner_lr_scale: Gauge::default(),
             inner_lr_changes: Family::default(),
+            bytes_in_by_connection: Family::default(),
+            hole_punches: Family::default(),
         };
         m.inner_lr_scale.set(1.0);
         let r = registry.sub_registry_with_prefix("ragtag");
@@ -156,6 +176,12 @@ impl NodeMetrics {
             "Changes of the inner learning rate, by reason (plateau, spike)",
             m.inner_lr_changes.clone(),
         );
+        r.register(
+            "bytes_in_by_connection",
+            "Bytes received (gossip, payloads) by how the sender was reached",
+            m.bytes_in_by_connection.clone(),
+        );
+        r.register("hole_punches", "Hole punches (DCUtR) with relayed peers, by outcome", m.hole_punches.clone());
         m
     }
 

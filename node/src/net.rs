@@ -14,6 +14,12 @@ use std::time::Duration;
 pub use behaviour::{NodeBehaviour, NodeBehaviourEvent};
 pub use codec::WireCodec;
 pub use event_loop::{peer_of, spawn};
+
+/// Whether `addr` is a QUIC address: listening on or dialing one needs the
+/// QUIC transport (public swarms only).
+pub fn is_quic(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, libp2p::multiaddr::Protocol::QuicV1))
+}
 use libp2p::{
     Multiaddr, PeerId, TransportError, gossipsub::MessageAcceptance, pnet::PreSharedKey,
     request_response::OutboundFailure,
@@ -126,6 +132,13 @@ pub enum Event {
     Reachability(String),
     /// A relay accepted our reservation.
     RelayReserved(PeerId),
+    /// A hole punch (DCUtR) with a peer reached through a relay ended.
+    HolePunch {
+        /// The peer.
+        peer: PeerId,
+        /// Why no direct connection was made; `None`: one was.
+        error: Option<String>,
+    },
     /// A peer that is not on the allowlist was disconnected.
     NotAllowed(PeerId),
     /// A peer subscribed to our run's topic: it takes part in the run (a

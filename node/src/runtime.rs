@@ -159,6 +159,9 @@ pub(crate) struct Node {
     ledger_records: u64,
     bytes_out: u64,
     bytes_in: u64,
+    /// Bytes received by how the sender was reached.
+    bytes_in_by_connection: BTreeMap<&'static str, u64>,
+    hole_punch: crate::status::HolePunchStatus,
     peer_scores: BTreeMap<String, f64>,
     /// The local phase in the trainer's hands.
     phase: phases::PhaseWatch,
@@ -349,6 +352,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         ledger_records: 0,
         bytes_out: 0,
         bytes_in: 0,
+        bytes_in_by_connection: BTreeMap::new(),
+        hole_punch: Default::default(),
         peer_scores: BTreeMap::new(),
         phase: phases::PhaseWatch::default(),
         stdout_closed: false,
@@ -571,6 +576,17 @@ impl Node {
     }
 
     /// Counts and logs (once per peer and reason) a rejected input.
+    /// Counts `n` bytes received from `peer`, also by how it is reached.
+    fn received(&mut self, peer: Option<PeerId>, n: usize) {
+        self.bytes_in += n as u64;
+        let kind = peer.map_or("unknown", |p| self.peer_table.connection_kind(&p));
+        *self.bytes_in_by_connection.entry(kind).or_insert(0) += n as u64;
+        self.metrics
+            .bytes_in_by_connection
+            .get_or_create(&crate::metrics::ConnectionLabel { connection: kind.to_string() })
+            .inc_by(n as u64);
+    }
+
     fn reject(&mut self, peer: Option<PeerId>, reason: RejectReason, what: &str) {
         self.metrics.reject(reason.name());
         *self.rejected.entry(reason.name().to_string()).or_insert(0) += 1;
@@ -660,6 +676,8 @@ impl Node {
             peers,
             bytes_out_per_s,
             bytes_in_per_s,
+            bytes_in_by_connection: self.bytes_in_by_connection.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            hole_punch: self.hole_punch.clone(),
         };
         crate::live_line::update(&s);
         *self.status.write().expect("status lock") = s;

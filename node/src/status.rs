@@ -23,7 +23,7 @@ pub struct Status {
     pub device: String,
     /// Listen addresses (with /p2p/).
     pub listen_addrs: Vec<String>,
-    /// public / private / relayed / unknown.
+    /// public / private / relayed / hole punched / unknown.
     pub reachability: String,
     /// Seconds since start.
     pub uptime_s: f64,
@@ -96,6 +96,25 @@ pub struct Status {
     /// lowers it when the swarm's loss stops falling).
     #[serde(default = "one")]
     pub inner_lr_scale: f32,
+    /// Bytes received (gossip and fetched payloads) by how the sender was
+    /// reached: direct, relayed, quic (unknown before the first refresh of
+    /// the connection table). Relayed bytes cross a relay's bandwidth limit.
+    #[serde(default)]
+    pub bytes_in_by_connection: BTreeMap<String, u64>,
+    /// Hole punching (DCUtR) with peers reached through a relay.
+    #[serde(default)]
+    pub hole_punch: HolePunchStatus,
+}
+
+/// What became of our attempts to replace relayed connections by direct ones.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HolePunchStatus {
+    /// Direct connections made.
+    pub succeeded: u64,
+    /// Attempts that failed.
+    pub failed: u64,
+    /// The latest outcome, in words ("direct connection to PEER" or why not).
+    pub last: Option<String>,
 }
 
 fn one() -> f32 {

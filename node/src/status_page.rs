@@ -131,6 +131,19 @@ pub fn html(s: &Status) -> String {
             human_bytes(s.bytes_in)
         ),
     );
+    if !s.bytes_in_by_connection.is_empty() {
+        let by: Vec<String> =
+            s.bytes_in_by_connection.iter().map(|(k, v)| format!("{} {k}", human_bytes(*v))).collect();
+        row(&mut out, "received by connection", &by.join(", "));
+    }
+    if s.hole_punch.succeeded + s.hole_punch.failed > 0 {
+        let last = s.hole_punch.last.as_deref().unwrap_or("");
+        row(
+            &mut out,
+            "hole punching",
+            &format!("{} direct, {} failed; latest: {last}", s.hole_punch.succeeded, s.hole_punch.failed),
+        );
+    }
     out.push_str("</table><h2>Peers</h2><table id=\"peers\"><tr><th>peer</th><th>connection</th><th>gossip score</th><th>speed (steps/s)</th><th>last heard</th><th>updates applied</th><th>mean staleness</th><th>rejected</th></tr>");
     for p in &s.peers {
         let _ = write!(

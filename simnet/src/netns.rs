@@ -29,15 +29,42 @@ pub enum NetnsError {
 
 /// Runs `ip` (or another tool) and fails loudly with its stderr.
 fn run(args: &[&str]) -> Result<(), NetnsError> {
+    output(args).map(drop)
+}
+
+/// How a NAT router maps its inside host's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatKind {
+    /// Source ports kept where free: hole punching can work.
+    PortPreserving,
+    /// A random port for every connection ("symmetric"): the port a peer
+    /// observed is useless to anyone else, so hole punching fails and a
+    /// relay is the only path.
+    Symmetric,
+}
+
+/// Runs a program and returns its stdout (its stderr in the error).
+fn output(args: &[&str]) -> Result<String, NetnsError> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
         .map_err(|source| NetnsError::Spawn { command: args.join(" "), source })?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(NetnsError::Failed { command: args.join(" "), stderr: String::from_utf8_lossy(&out.stderr).trim().into() })
     }
+}
+
+/// The byte count of the `ip daddr <to> ... counter packets P bytes B` rule
+/// in an nft listing.
+fn counter_bytes(listing: &str, to: &str) -> Option<u64> {
+    listing.lines().find_map(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let at = words.windows(2).position(|w| w[0] == "daddr" && w[1] == to)?;
+        let bytes = words[at..].iter().position(|w| *w == "bytes")?;
+        words.get(at + bytes + 1)?.parse().ok()
+    })
 }
 
 /// A set of namespaces named `<prefix>-*`.
@@ -51,7 +78,10 @@ pub struct Lab {
 impl Lab {
     /// Whether namespaces can be created here (root, iproute2).
     pub fn available() -> bool {
-        let probe = format!("rt-probe-{}", std::process::id());
+        // Unique per call: tests of one binary probe at once from threads.
+        static PROBES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = format!("rt-probe-{}-{n}", std::process::id());
         let ok = run(&["ip", "netns", "add", &probe]).is_ok();
         let _ = run(&["ip", "netns", "del", &probe]);
         ok
@@ -135,8 +165,14 @@ impl Lab {
 
     /// Puts host `inside` behind host `router`, which masquerades (NAT) its
     /// traffic onto the bridge: `inside` can dial out, nobody can dial in.
-    /// `inside` gets 10.78.<net>.2 with the router at 10.78.<net>.1.
+    /// `inside` gets 10.78.<net>.2 with the router at 10.78.<net>.1. The
+    /// router keeps source ports where it can (as most home routers do).
     pub fn nat(&self, router: usize, inside: usize, net: u8) -> Result<(), NetnsError> {
+        self.nat_with(router, inside, net, NatKind::PortPreserving)
+    }
+
+    /// [`Lab::nat`] with a choice of mapping.
+    pub fn nat_with(&self, router: usize, inside: usize, net: u8, kind: NatKind) -> Result<(), NetnsError> {
         let (r, h) = (self.host(router), self.host(inside));
         // Off the bridge: the only way out is through the router.
         self.exec_in(&self.bridge_ns, &["ip", "link", "set", &format!("p{inside}"), "nomaster"])?;
@@ -154,8 +190,74 @@ impl Lab {
             &r,
             &["nft", "add", "chain", "ip", "nat", "post", "{ type nat hook postrouting priority 100 ; }"],
         )?;
-        self.exec_in(&r, &["nft", "add", "rule", "ip", "nat", "post", "oifname", &format!("h{router}"), "masquerade"])?;
+        let oif = format!("h{router}");
+        let mut rule = vec!["nft", "add", "rule", "ip", "nat", "post", "oifname", &oif, "masquerade"];
+        if kind == NatKind::Symmetric {
+            rule.push("random");
+        }
+        self.exec_in(&r, &rule)?;
+        // Like a home router, drop (not refuse) unsolicited connections from
+        // outside: a refusal would end a hole punch whose SYN arrives before
+        // the peer's own SYN opened the mapping.
+        self.exec_in(&r, &["nft", "add", "table", "ip", "firewall"])?;
+        self.exec_in(
+            &r,
+            &["nft", "add", "chain", "ip", "firewall", "input", "{ type filter hook input priority 0 ; }"],
+        )?;
+        self.exec_in(
+            &r,
+            &["nft", "add", "rule", "ip", "firewall", "input", "iifname", &oif, "ct", "state", "new", "drop"],
+        )?;
         Ok(())
+    }
+
+    /// Makes router `router` count the TCP bytes it forwards to each of `to`
+    /// (addresses), read back by [`Lab::forwarded_bytes`]: what crossed a
+    /// NAT, measured outside the programs under test. Connection attempts
+    /// (SYN) are not counted, so a hole punch that never connects counts 0.
+    pub fn count_forwarded(&self, router: usize, to: &[&str]) -> Result<(), NetnsError> {
+        let r = self.host(router);
+        self.exec_in(&r, &["nft", "add", "table", "ip", "accounting"])?;
+        self.exec_in(
+            &r,
+            &["nft", "add", "chain", "ip", "accounting", "forwarded", "{ type filter hook forward priority 0 ; }"],
+        )?;
+        for ip in to {
+            self.exec_in(
+                &r,
+                &[
+                    "nft",
+                    "add",
+                    "rule",
+                    "ip",
+                    "accounting",
+                    "forwarded",
+                    "ip",
+                    "daddr",
+                    ip,
+                    "tcp",
+                    "flags",
+                    "&",
+                    "syn",
+                    "==",
+                    "0",
+                    "counter",
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Bytes router `router` forwarded to `to` since [`Lab::count_forwarded`].
+    pub fn forwarded_bytes(&self, router: usize, to: &str) -> Result<u64, NetnsError> {
+        let mut all = vec!["ip", "netns", "exec"];
+        let ns = self.host(router);
+        all.extend([ns.as_str(), "nft", "list", "chain", "ip", "accounting", "forwarded"]);
+        let listing = output(&all)?;
+        counter_bytes(&listing, to).ok_or_else(|| NetnsError::Failed {
+            command: all.join(" "),
+            stderr: format!("no counter for {to} in:\n{listing}"),
+        })
     }
 
     /// Shapes host `i`'s outgoing traffic with tc netem (e.g. "delay 20ms rate 100mbit").
@@ -175,5 +277,18 @@ impl Drop for Lab {
             let _ = run(&["ip", "netns", "del", &self.host(i)]);
         }
         let _ = run(&["ip", "netns", "del", &self.bridge_ns]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counter_bytes;
+
+    #[test]
+    fn forwarded_bytes_are_read_from_an_nft_listing() {
+        let listing = "table ip accounting {\n\tchain forwarded {\n\t\ttype filter hook forward priority filter; policy accept;\n\t\tip daddr 10.77.5.1 tcp flags ! syn counter packets 12 bytes 3456\n\t\tip daddr 10.77.5.4 tcp flags ! syn counter packets 0 bytes 0\n\t}\n}\n";
+        assert_eq!(counter_bytes(listing, "10.77.5.1"), Some(3456));
+        assert_eq!(counter_bytes(listing, "10.77.5.4"), Some(0));
+        assert_eq!(counter_bytes(listing, "10.77.5.9"), None);
     }
 }

@@ -92,7 +92,11 @@ pub(crate) fn build(
 
     let identify = identify::Behaviour::new(
         identify::Config::new(PROTOCOL_VERSION.to_string(), key.public())
-            .with_agent_version(format!("ragtag/{}", env!("CARGO_PKG_VERSION"))),
+            .with_agent_version(format!("ragtag/{}", env!("CARGO_PKG_VERSION")))
+            // A node behind NAT gains its relayed address only after its
+            // reservation: pushed at once, peers (and the bootstrap's DHT)
+            // learn it now instead of at identify's next 5-minute interval.
+            .with_push_listen_addr_updates(true),
     );
     let rr = request_response::Behaviour::with_codec(
         WireCodec,

@@ -63,6 +63,7 @@ pub fn spawn(
         penalties: BTreeMap::new(),
         listen: Vec::new(),
         kinds: HashMap::new(),
+        relayed: HashMap::new(),
     };
     let handle = tokio::spawn(task.run());
     Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
@@ -81,22 +82,27 @@ fn is_loopback(addr: &Multiaddr) -> bool {
     })
 }
 
-/// Is this our AutoNAT server's dial-back to a peer we are already
-/// connected to? Only that dial asks for a new port (to prove the peer is
-/// reachable from a fresh one); every other dial of ours reuses the port.
 /// How a connection reaches its peer: through a relay, over QUIC, or
-/// directly over TCP.
-fn connection_kind(addr: &Multiaddr) -> &'static str {
-    use libp2p::multiaddr::Protocol;
-    if addr.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+/// directly over TCP. An inbound relayed connection shows the circuit only
+/// in its local address (the remote one is just the peer's id).
+fn connection_kind(endpoint: &ConnectedPoint) -> &'static str {
+    let addrs: &[&Multiaddr] = match endpoint {
+        ConnectedPoint::Dialer { address, .. } => &[address],
+        ConnectedPoint::Listener { local_addr, send_back_addr } => &[local_addr, send_back_addr],
+    };
+    let has = |f: fn(&Protocol) -> bool| addrs.iter().any(|a| a.iter().any(|p| f(&p)));
+    if has(|p| matches!(p, Protocol::P2pCircuit)) {
         "relayed"
-    } else if addr.iter().any(|p| matches!(p, Protocol::QuicV1)) {
+    } else if has(|p| matches!(p, Protocol::QuicV1)) {
         "quic"
     } else {
         "direct"
     }
 }
 
+/// Is this our AutoNAT server's dial-back to a peer we are already
+/// connected to? Only that dial asks for a new port (to prove the peer is
+/// reachable from a fresh one); every other dial of ours reuses the port.
 fn is_probe_dial_back(endpoint: &ConnectedPoint, num_established: u32) -> bool {
     num_established > 1 && matches!(endpoint, ConnectedPoint::Dialer { port_use: PortUse::New, .. })
 }
@@ -115,6 +121,9 @@ struct EventLoop {
     listen: Vec<Multiaddr>,
     /// How each connected peer is reached (its latest connection).
     kinds: HashMap<PeerId, &'static str>,
+    /// Open relayed connections, by peer: closed once a hole punch gives a
+    /// direct one (else gossip keeps using the relayed one).
+    relayed: HashMap<PeerId, Vec<libp2p::swarm::ConnectionId>>,
 }
 
 impl EventLoop {
@@ -216,7 +225,16 @@ impl EventLoop {
                 {
                     self.swarm.add_external_address(address.clone());
                 }
-                let full = address.with(Protocol::P2p(*self.swarm.local_peer_id()));
+                let me = *self.swarm.local_peer_id();
+                // A relayed address already ends with our id.
+                let full = if address.iter().last() == Some(Protocol::P2p(me)) {
+                    address
+                } else {
+                    address.with(Protocol::P2p(me))
+                };
+                if self.listen.contains(&full) {
+                    return;
+                }
                 self.listen.push(full.clone());
                 self.emit(Event::Listening(full));
             }
@@ -235,7 +253,11 @@ impl EventLoop {
                     self.swarm.close_connection(connection_id);
                     return;
                 }
-                self.kinds.insert(peer_id, connection_kind(endpoint.get_remote_address()));
+                let kind = connection_kind(&endpoint);
+                if kind == "relayed" {
+                    self.relayed.entry(peer_id).or_default().push(connection_id);
+                }
+                self.kinds.insert(peer_id, kind);
                 if num_established.get() == 1 {
                     // Ask the newcomer (and everyone) for peers right away,
                     // rather than at the next periodic bootstrap.
@@ -243,9 +265,15 @@ impl EventLoop {
                     self.emit(Event::Connected(peer_id));
                 }
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
-                self.kinds.remove(&peer_id);
-                self.emit(Event::Disconnected(peer_id));
+            SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, .. } => {
+                if let Some(ids) = self.relayed.get_mut(&peer_id) {
+                    ids.retain(|id| *id != connection_id);
+                }
+                if num_established == 0 {
+                    self.relayed.remove(&peer_id);
+                    self.kinds.remove(&peer_id);
+                    self.emit(Event::Disconnected(peer_id));
+                }
             }
             SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                 let mut error = error.to_string();
@@ -325,7 +353,21 @@ impl EventLoop {
                 }
             }
             NodeBehaviourEvent::Ping(e) => self.metrics.record(&e),
-            NodeBehaviourEvent::Dcutr(e) => self.metrics.record(&e),
+            NodeBehaviourEvent::Dcutr(e) => {
+                self.metrics.record(&e);
+                if e.result.is_ok() {
+                    // Traffic moves to the direct connection: a relay's
+                    // bandwidth is limited and shared.
+                    for id in self.relayed.remove(&e.remote_peer_id).unwrap_or_default() {
+                        self.swarm.close_connection(id);
+                    }
+                    self.kinds.insert(e.remote_peer_id, "direct");
+                }
+                self.emit(Event::HolePunch {
+                    peer: e.remote_peer_id,
+                    error: e.result.err().map(|err| err.to_string()),
+                });
+            }
             NodeBehaviourEvent::Relay(e) => self.metrics.record(&e),
             NodeBehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted { relay_peer_id, .. }) => {
                 self.emit(Event::RelayReserved(relay_peer_id));
@@ -395,6 +437,23 @@ mod tests {
         let b: Multiaddr = "/ip4/10.1.2.3/tcp/1".parse().unwrap();
         assert!(!is_loopback(&b));
         assert!(peer_of(&b).is_none());
+    }
+
+    #[test]
+    fn connections_are_told_apart_by_how_they_reach_the_peer() {
+        let peer = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA";
+        let relay: Multiaddr = format!("/ip4/10.0.0.1/tcp/1/p2p/{peer}/p2p-circuit").parse().unwrap();
+        let dialer = |address: Multiaddr| ConnectedPoint::Dialer {
+            address,
+            role_override: Endpoint::Dialer,
+            port_use: PortUse::Reuse,
+        };
+        assert_eq!(connection_kind(&dialer(relay.clone().with(Protocol::P2p(peer.parse().unwrap())))), "relayed");
+        let inbound_circuit =
+            ConnectedPoint::Listener { local_addr: relay, send_back_addr: format!("/p2p/{peer}").parse().unwrap() };
+        assert_eq!(connection_kind(&inbound_circuit), "relayed", "the circuit is in the local address only");
+        assert_eq!(connection_kind(&dialer("/ip4/10.0.0.2/udp/1/quic-v1".parse().unwrap())), "quic");
+        assert_eq!(connection_kind(&dialer("/ip4/10.0.0.2/tcp/1".parse().unwrap())), "direct");
     }
 
     #[test]

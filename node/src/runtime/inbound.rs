@@ -50,7 +50,8 @@ impl Node {
             }
             net::Event::Reachability(r) => {
                 tracing::info!("reachability: {r}");
-                if r == "private" && self.reachability != "relayed" {
+                let through_relay = matches!(self.reachability.as_str(), "relayed" | "hole punched");
+                if r == "private" && !through_relay {
                     // Not dialable from outside: take a reservation at every
                     // bootstrap node (they relay), so peers can reach us.
                     for addr in self.opts.net.bootstrap.clone() {
@@ -58,7 +59,7 @@ impl Node {
                         let _ = self.net.listen_via_relay(addr).await;
                     }
                 }
-                if self.reachability != "relayed" || r == "public" {
+                if !through_relay || r == "public" {
                     self.reachability = r;
                 }
             }
@@ -66,6 +67,7 @@ impl Node {
                 tracing::info!("reservation accepted by relay {p}");
                 self.reachability = "relayed".into();
             }
+            net::Event::HolePunch { peer, error } => self.on_hole_punch(peer, error),
             net::Event::NotAllowed(p) => self.reject(Some(p), RejectReason::NotAllowed, "a connection"),
             net::Event::Subscribed(p) => tracing::debug!("{p} takes part in the run"),
             net::Event::BadRequest { peer, error } => {
@@ -76,9 +78,32 @@ impl Node {
         }
     }
 
+    /// A DCUtR attempt ended: reported in the log, the metrics and the
+    /// status, so an operator can tell a relayed node from a hole-punched one.
+    fn on_hole_punch(&mut self, peer: PeerId, error: Option<String>) {
+        let outcome = match &error {
+            None => {
+                tracing::info!("hole punched: direct connection to {peer}");
+                self.hole_punch.succeeded += 1;
+                if self.reachability == "relayed" || self.reachability == "private" {
+                    self.reachability = "hole punched".into();
+                }
+                format!("direct connection to {peer}")
+            }
+            Some(e) => {
+                tracing::warn!("hole punch with {peer} failed, traffic stays relayed: {e}");
+                self.hole_punch.failed += 1;
+                format!("with {peer} failed: {e}")
+            }
+        };
+        let label = if error.is_none() { "direct" } else { "failed" };
+        self.metrics.hole_punches.get_or_create(&crate::metrics::OutcomeLabel { outcome: label.into() }).inc();
+        self.hole_punch.last = Some(outcome);
+    }
+
     /// Validates a gossip message and hands what is valid to the engine.
     async fn on_gossip(&mut self, from: PeerId, author: Option<PeerId>, data: Vec<u8>) -> MessageAcceptance {
-        self.bytes_in += data.len() as u64;
+        self.received(Some(from), data.len());
         let msg = match Message::decode(&data) {
             Ok(m) => m,
             Err(e) => {
@@ -296,7 +321,7 @@ impl Node {
                     }
                 }) {
                     Ok((bytes, norm)) => {
-                        self.bytes_in += bytes.len() as u64;
+                        self.received(Self::peer_of(&from), bytes.len());
                         self.validator.record_accepted_norm(norm);
                         let payload = Arc::new(bytes);
                         if let Some((_, signed)) = self.announced.remove(&id) {

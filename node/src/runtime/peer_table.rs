@@ -74,6 +74,12 @@ impl PeerTable {
         self.kinds = kinds.iter().copied().collect();
     }
 
+    /// How the network reaches `peer` now ("unknown" before the first
+    /// refresh that saw it connected).
+    pub(crate) fn connection_kind(&self, peer: &PeerId) -> &'static str {
+        self.kinds.get(peer).copied().unwrap_or("unknown")
+    }
+
     /// An input from `peer` was rejected.
     pub(crate) fn rejected(&mut self, peer: PeerId) {
         bump(&mut self.rejected, peer);
