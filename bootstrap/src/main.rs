@@ -140,8 +140,9 @@ async fn run(args: Args) -> Result<()> {
                         tokio::spawn(async move {
                             let peers: Vec<PeerId> = client.info().await.map(|i| i.connected).unwrap_or_default();
                             let others: Vec<PeerId> = peers.into_iter().filter(|p| *p != peer).collect();
-                            let reply = match run_lookup::find_manifest(&client, &others, run).await {
-                                Some(bytes) => {
+                            let reply = match ragtag_node::run_lookup::manifest(&client, run, &others).await {
+                                Some(m) => {
+                                    let bytes = m.canonical_bytes();
                                     let _ = found_tx.send((run, bytes.clone())).await;
                                     Message::Manifest(bytes)
                                 }
@@ -162,7 +163,7 @@ async fn run(args: Args) -> Result<()> {
                 }
             }
             Some((run, bytes)) = found_rx.recv() => {
-                tracing::info!("found the manifest of run {run} among our peers");
+                tracing::info!("found the manifest of run {run} at its holders");
                 manifests.insert(run, bytes);
             }
             _ = sigint.recv() => break,

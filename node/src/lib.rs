@@ -16,6 +16,7 @@ pub mod manifest_file;
 pub mod metrics;
 pub mod net;
 pub mod payload_store;
+pub mod run_lookup;
 pub mod runtime;
 pub mod status;
 pub mod status_page;

@@ -15,6 +15,16 @@ pub use behaviour::{NodeBehaviour, NodeBehaviourEvent};
 pub use codec::WireCodec;
 pub use event_loop::{peer_of, spawn};
 
+/// The DHT key under which the nodes of a run announce themselves as its
+/// providers: a joiner who knows only the run id finds holders of the
+/// manifest and the replica state through it.
+pub fn run_key(run: &ragtag_protocol::ids::RunId) -> libp2p::kad::RecordKey {
+    libp2p::kad::RecordKey::new(&format!("/ragtag/run/{run}"))
+}
+
+/// Providers one lookup collects at most.
+pub const MAX_PROVIDERS: usize = 16;
+
 /// Whether `addr` is a QUIC address: listening on or dialing one needs the
 /// QUIC transport (public swarms only).
 pub fn is_quic(addr: &Multiaddr) -> bool {
@@ -191,6 +201,8 @@ pub(crate) enum Command {
     Dial(Multiaddr),
     Penalize { peer: PeerId },
     ListenRelay(Multiaddr),
+    Provide(libp2p::kad::RecordKey),
+    FindProviders { key: libp2p::kad::RecordKey, reply: oneshot::Sender<Vec<PeerId>> },
     Info(oneshot::Sender<NetInfo>),
     Shutdown,
 }
@@ -270,6 +282,21 @@ impl Client {
     /// Listens through a relay (reservation) at `relay` (with /p2p/).
     pub async fn listen_via_relay(&self, relay: Multiaddr) -> Result<(), NetError> {
         self.send(Command::ListenRelay(relay)).await
+    }
+
+    /// Announces in the DHT that we hold `key` (a run: see [`run_key`]),
+    /// again whenever new peers arrive and every few minutes.
+    pub async fn provide(&self, key: libp2p::kad::RecordKey) -> Result<(), NetError> {
+        self.send(Command::Provide(key)).await
+    }
+
+    /// The peers the DHT names as providers of `key` (at most
+    /// [`MAX_PROVIDERS`]), each dialed as it is found; empty when none are
+    /// known. Bounded by the DHT's query timeout.
+    pub async fn find_providers(&self, key: libp2p::kad::RecordKey) -> Result<Vec<PeerId>, NetError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Command::FindProviders { key, reply }).await?;
+        rx.await.map_err(|_| NetError::RequestDropped)
     }
 
     /// A snapshot of the network.

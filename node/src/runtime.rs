@@ -49,8 +49,20 @@ const INTERNAL_CAPACITY: usize = 1024;
 /// How often the status recomputes our credit (it reads the whole ledger).
 const CREDIT_EVERY: Duration = Duration::from_secs(30);
 
-/// Longest wait at start-up for the bootstrap peers and a peer beyond them.
-const SETTLE: Duration = Duration::from_secs(5);
+/// Longest wait at start-up for the bootstrap peers and the run's holders
+/// (a DHT lookup, then a connection to each).
+const SETTLE: Duration = Duration::from_secs(12);
+
+/// Start-up has found enough of the run: training peers, as many as the
+/// state is taken from, or every holder the DHT named once its lookup is
+/// over (none: we are the run's first node).
+fn settled(training: &BTreeSet<PeerId>, holders: Option<&[PeerId]>) -> bool {
+    let enough = match holders {
+        Some(h) => h.len().min(startup::MAX_STATE_SOURCES),
+        None => startup::MAX_STATE_SOURCES,
+    };
+    training.len() >= enough
+}
 /// Unreachable peers remembered for logging at most.
 const MAX_UNREACHABLE_LOGGED: usize = 1024;
 /// Distinct (peer, reason) pairs logged at most.
@@ -241,11 +253,11 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         }
     );
 
-    // Wait briefly for our addresses, the bootstrap connections and one
-    // peer that takes part in the run: a public swarm's bootstrap node does
-    // not train, and the training peers it knows are found through the DHT
-    // (the state to join with comes from them). A bootstrap peer that
-    // trains says so by subscribing to the run's topic.
+    // Wait (bounded) for our addresses, the bootstrap connections and the
+    // peers that take part in the run: a public swarm's bootstrap node does
+    // not train, so the run's holders are looked up in the DHT (provider
+    // records) and dialed, and the state to join with comes from them. A
+    // peer that trains says so by subscribing to the run's topic.
     let mut listen = Vec::new();
     let mut connected = BTreeSet::new();
     let mut training = BTreeSet::new();
@@ -253,19 +265,30 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     tokio::pin!(settle);
     let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
     let mut inbox = startup_inbox::StartupInbox::default();
+    let (holders_tx, mut holders_rx) = mpsc::channel(1);
+    let mut holders: Option<Vec<PeerId>> = None;
+    let mut lookup_started = false;
     loop {
+        if !lookup_started && !want.is_empty() && want.is_subset(&connected) {
+            lookup_started = true;
+            let (client, tx) = (net.clone(), holders_tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(crate::run_lookup::holders(&client, run_id).await).await;
+            });
+        }
+        if want.is_subset(&connected) && settled(&training, holders.as_deref()) {
+            break;
+        }
         tokio::select! {
             _ = &mut settle => break,
+            Some(found) = holders_rx.recv() => {
+                tracing::info!("the DHT names {} holder(s) of this run", found.len());
+                holders = Some(found);
+            }
             Some(ev) = net_events.recv() => match ev {
                 net::Event::Listening(a) => listen.push(a),
-                net::Event::Connected(p) => {
-                    connected.insert(p);
-                    if want.is_subset(&connected) && (connected.len() > want.len() || !training.is_empty()) { break; }
-                }
-                net::Event::Subscribed(p) => {
-                    training.insert(p);
-                    if want.is_subset(&connected) { break; }
-                }
+                net::Event::Connected(p) => { connected.insert(p); }
+                net::Event::Subscribed(p) => { training.insert(p); }
                 net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
                 other => inbox.take(&net, other).await,
             }
@@ -285,9 +308,15 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     }
     print_join_hint(&manifest, &listen);
 
-    // The engine: resumed, joined or fresh.
+    // The engine: resumed, joined or fresh. The state comes from peers that
+    // train first, then the run's other holders, then anyone connected.
     let seed = manifest.seed ^ node_seed;
-    let peers: Vec<PeerId> = connected.iter().copied().collect();
+    let mut peers: Vec<PeerId> = training.iter().copied().collect();
+    for p in holders.iter().flatten().chain(&connected) {
+        if !peers.contains(p) {
+            peers.push(*p);
+        }
+    }
     // Peers keep asking while we fetch: answer them, keep the rest.
     let (mut engine, origin) = {
         let setup = startup::engine(startup::EngineSetup {
@@ -319,6 +348,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         engine.advance_round_to(r + 1);
     }
     tracing::info!("{:?} at round {} of run {} ({})", origin, engine.round(), manifest.name, run_id);
+    // Holders of the run are found through the DHT by joiners and bootstrap nodes.
+    net.provide(net::run_key(&run_id)).await.map_err(RuntimeError::Net)?;
 
     let (internal_tx, mut internal_rx) = mpsc::channel(INTERNAL_CAPACITY);
     let num_values = trainer.info.initial.len() as u64;

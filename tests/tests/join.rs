@@ -25,6 +25,9 @@ fn a_node_joins_by_run_id_through_a_bootstrap_that_does_not_train() {
     let ec = c.wait_json("exit", T).unwrap_or_else(|| panic!("c did not finish:\n{}", c.stderr()));
     assert_eq!(ec["outcome"]["origin"], "joined", "c started fresh:\n{}", c.stderr());
     assert!(c.stderr().contains("joined with the state of"), "{}", c.stderr());
+    // The bootstrap knows the run only through the DHT's provider records:
+    // the joiner's lookup names both training nodes.
+    assert!(c.stderr().contains("the DHT names 2 holder(s) of this run"), "{}", c.stderr());
     let c_id = ec["status"]["node_id"].as_str().unwrap().to_string();
 
     // a applied c's updates: its ledger holds receipts accepting them.

@@ -85,6 +85,9 @@ pub(crate) fn build(
 
     let mut kad_config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
     kad_config.set_query_timeout(Duration::from_secs(30));
+    kad_config.set_provider_record_ttl(Some(super::event_loop::PROVIDER_TTL));
+    // We announce again ourselves (event_loop::PROVIDE_INTERVAL).
+    kad_config.set_provider_publication_interval(None);
     let mut kad = kad::Behaviour::with_config(peer_id, kad::store::MemoryStore::new(peer_id), kad_config);
     // Loopback and LAN swarms never get a "confirmed external address":
     // serve Kademlia anyway so peers can find each other.

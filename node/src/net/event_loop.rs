@@ -1,6 +1,9 @@
 //! The network task: owns the swarm, serves commands, forwards events.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
 
 use futures::StreamExt;
 use libp2p::{
@@ -27,6 +30,21 @@ const MAX_PENDING_RESPONSES: usize = 1024;
 const MAX_INFLIGHT_REQUESTS: usize = 1024;
 /// Peers we dial on our own (discovery) at most.
 const MAX_DIALED_PEERS: usize = 64;
+/// Provider lookups in flight at most.
+const MAX_PROVIDER_QUERIES: usize = 16;
+/// How often we announce ourselves again as a provider (records live
+/// [`PROVIDER_TTL`], so a node that left drops out of lookups soon).
+const PROVIDE_INTERVAL: Duration = Duration::from_secs(120);
+/// How long others keep our provider record.
+pub(crate) const PROVIDER_TTL: Duration = Duration::from_secs(600);
+
+/// Our provider announcement: the key, and when it last reached a peer.
+#[derive(Debug)]
+struct Providing {
+    key: kad::RecordKey,
+    published: Option<Instant>,
+    in_flight: bool,
+}
 
 /// Starts the network task.
 pub fn spawn(
@@ -64,6 +82,8 @@ pub fn spawn(
         listen: Vec::new(),
         kinds: HashMap::new(),
         relayed: HashMap::new(),
+        providing: None,
+        provider_queries: HashMap::new(),
     };
     let handle = tokio::spawn(task.run());
     Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
@@ -124,6 +144,9 @@ struct EventLoop {
     /// Open relayed connections, by peer: closed once a hole punch gives a
     /// direct one (else gossip keeps using the relayed one).
     relayed: HashMap<PeerId, Vec<libp2p::swarm::ConnectionId>>,
+    providing: Option<Providing>,
+    /// Provider lookups: who waits for them and what they found so far.
+    provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
 }
 
 impl EventLoop {
@@ -139,9 +162,85 @@ impl EventLoop {
                 _ = bootstrap.tick() => {
                     if self.swarm.connected_peers().next().is_some() {
                         let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                        self.announce(false);
                     }
                 }
             }
+        }
+    }
+
+    /// Publishes our provider record when due (`now`: new peers arrived,
+    /// so the record may belong on them).
+    fn announce(&mut self, now: bool) {
+        let Some(p) = self.providing.as_mut() else { return };
+        let due = p.published.is_none_or(|t| t.elapsed() >= PROVIDE_INTERVAL);
+        if p.in_flight || !(now || due) {
+            return;
+        }
+        match self.swarm.behaviour_mut().kad.start_providing(p.key.clone()) {
+            Ok(_) => p.in_flight = true,
+            Err(e) => tracing::warn!("cannot announce the run in the DHT: {e}"),
+        }
+    }
+
+    /// A provider lookup found `found`: dial them (kad knows their
+    /// addresses while the query runs) and answer when enough are known or
+    /// the lookup is over.
+    fn on_providers(&mut self, id: kad::QueryId, found: Vec<PeerId>, last: bool) {
+        let me = *self.swarm.local_peer_id();
+        let Some((_, so_far)) = self.provider_queries.get_mut(&id) else { return };
+        for p in found {
+            if p != me && !so_far.contains(&p) && so_far.len() < super::MAX_PROVIDERS {
+                so_far.push(p);
+                if !self.swarm.is_connected(&p) {
+                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(p)
+                        .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                        .build();
+                    let _ = self.swarm.dial(opts);
+                }
+            }
+        }
+        let full = so_far.len() >= super::MAX_PROVIDERS;
+        if last || full {
+            if full && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
+                q.finish();
+            }
+            if let Some((reply, so_far)) = self.provider_queries.remove(&id) {
+                let _ = reply.send(so_far);
+            }
+        }
+    }
+
+    fn on_kad(&mut self, e: kad::Event) {
+        match e {
+            kad::Event::OutboundQueryProgressed { id, result, step, .. } => match result {
+                kad::QueryResult::GetProviders(Ok(kad::GetProvidersOk::FoundProviders { providers, .. })) => {
+                    self.on_providers(id, providers.into_iter().collect(), step.last);
+                }
+                kad::QueryResult::GetProviders(_) => self.on_providers(id, Vec::new(), true),
+                kad::QueryResult::StartProviding(r) => {
+                    if let Some(p) = self.providing.as_mut() {
+                        p.in_flight = false;
+                        match r {
+                            Ok(_) => p.published = Some(Instant::now()),
+                            Err(e) => tracing::debug!("announcing the run in the DHT: {e}"),
+                        }
+                    }
+                }
+                _ => {}
+            },
+            kad::Event::RoutingUpdated { peer, addresses, .. }
+                if !self.swarm.is_connected(&peer)
+                    && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
+                    && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer)) =>
+            {
+                let addrs: Vec<Multiaddr> = addresses.iter().filter(|a| self.may_dial(a)).cloned().collect();
+                if !addrs.is_empty() {
+                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
+                    let _ = self.swarm.dial(opts);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -198,6 +297,20 @@ impl EventLoop {
                 if let Err(e) = self.swarm.listen_on(addr.clone().with(Protocol::P2pCircuit)) {
                     tracing::warn!("cannot listen via relay {addr}: {e}");
                 }
+            }
+            Command::Provide(key) => {
+                self.providing = Some(Providing { key, published: None, in_flight: false });
+                if self.swarm.connected_peers().next().is_some() {
+                    self.announce(true);
+                }
+            }
+            Command::FindProviders { key, reply } => {
+                if self.provider_queries.len() >= MAX_PROVIDER_QUERIES {
+                    let _ = reply.send(Vec::new());
+                    return;
+                }
+                let id = self.swarm.behaviour_mut().kad.get_providers(key);
+                self.provider_queries.insert(id, (reply, Vec::new()));
             }
             Command::Info(reply) => {
                 let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
@@ -262,6 +375,7 @@ impl EventLoop {
                     // Ask the newcomer (and everyone) for peers right away,
                     // rather than at the next periodic bootstrap.
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
+                    self.announce(true);
                     self.emit(Event::Connected(peer_id));
                 }
             }
@@ -332,17 +446,7 @@ impl EventLoop {
             }
             NodeBehaviourEvent::Kad(e) => {
                 self.metrics.record(&e);
-                if let kad::Event::RoutingUpdated { peer, addresses, .. } = e
-                    && !self.swarm.is_connected(&peer)
-                    && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
-                    && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer))
-                {
-                    let addrs: Vec<Multiaddr> = addresses.iter().filter(|a| self.may_dial(a)).cloned().collect();
-                    if !addrs.is_empty() {
-                        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
-                        let _ = self.swarm.dial(opts);
-                    }
-                }
+                self.on_kad(e);
             }
             NodeBehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
                 for (peer, addr) in found {

@@ -1,6 +1,6 @@
 //! Pulling things from peers by request-response: payloads and replica
-//! state in chunks (each checked against its hash), manifests, missed
-//! announcements, anti-entropy digests.
+//! state in chunks (each checked against its hash), missed
+//! announcements, anti-entropy digests (manifests: [`crate::run_lookup`]).
 
 use libp2p::PeerId;
 use ragtag_protocol::{
@@ -8,7 +8,6 @@ use ragtag_protocol::{
     engine::ReplicaState,
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
-    manifest::{Manifest, ManifestError},
     wire::{
         Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, MessageKind, PayloadRequest, ReplicaDigest, StateRequest,
         UpdateAnnouncement,
@@ -39,9 +38,6 @@ pub(crate) enum FetchError {
     /// The reassembled state is not a replica state.
     #[error("state does not decode: {0}")]
     StateDecode(#[source] postcard::Error),
-    /// The manifest is not the run's or is invalid.
-    #[error(transparent)]
-    Manifest(#[from] ManifestError),
 }
 
 fn unexpected(m: &Message) -> FetchError {
@@ -100,14 +96,6 @@ pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<R
     )
     .await?;
     postcard::from_bytes(&bytes).map_err(FetchError::StateDecode)
-}
-
-/// The manifest of `run_id`, checked against its hash.
-pub(crate) async fn manifest(net: &Client, peer: PeerId, run_id: RunId) -> Result<Manifest, FetchError> {
-    match net.request(peer, Message::ManifestRequest(run_id)).await? {
-        Message::Manifest(bytes) => Ok(Manifest::decode_for_run(&bytes, run_id)?),
-        other => Err(unexpected(&other)),
-    }
 }
 
 /// An announcement we missed; `None` when the peer no longer holds it.

@@ -27,7 +27,7 @@ use crate::{
 
 /// Most peers a joiner takes the replica state from, to check them against
 /// each other.
-const MAX_STATE_SOURCES: usize = 4;
+pub(crate) const MAX_STATE_SOURCES: usize = 4;
 /// Times a joiner asks again when the states served disagree (honest
 /// replicas a batch apart disagree for a moment, then are identical).
 const STATE_ATTEMPTS: usize = 3;
@@ -70,13 +70,14 @@ pub enum StartupError {
     /// `--run-id` without peers to ask.
     #[error("--run-id needs --bootstrap peers to fetch the manifest from")]
     NoPeersForRunId,
-    /// No bootstrap peer served the run's manifest.
-    #[error("could not fetch the manifest of run {run} from the bootstrap peers: {last}")]
-    ManifestFetch {
+    /// Neither the run's holders (found through the DHT) nor the bootstrap
+    /// peers served the run's manifest.
+    #[error(
+        "could not fetch the manifest of run {run}: neither its holders in the DHT nor the bootstrap peers served it"
+    )]
+    ManifestNotFound {
         /// The run.
         run: RunId,
-        /// The last peer's reason, or "no peers".
-        last: String,
     },
     /// `--strategy` names no strategy.
     #[error("unknown strategy {0:?}")]
@@ -143,14 +144,7 @@ pub async fn manifest(
     if let Some(id) = run_id {
         let run = RunId(ragtag_protocol::ids::Hash32::from_hex(id).ok_or(StartupError::BadRunId)?);
         let Some((net, peers)) = net else { return Err(StartupError::NoPeersForRunId) };
-        let mut last = String::from("no peers");
-        for &p in peers {
-            match fetch::manifest(net, p, run).await {
-                Ok(m) => return Ok(m),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        return Err(StartupError::ManifestFetch { run, last });
+        return crate::run_lookup::manifest(net, run, peers).await.ok_or(StartupError::ManifestNotFound { run });
     }
     let strategy = match strategy {
         Some(s) => Strategy::parse(s).ok_or_else(|| StartupError::UnknownStrategy(s.to_string()))?,
