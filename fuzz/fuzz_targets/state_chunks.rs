@@ -1,11 +1,15 @@
 //! A replica state served in chunks: any sequence of chunks is reassembled
-//! under a limit, and whatever completes is decoded and checked.
+//! under a limit, and whatever completes is decoded as each part of a state
+//! transfer (head, shared part), put together and checked.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ragtag_protocol::{
     chunks::Reassembly,
-    engine::{EngineConfig, ReplicaState, Strategy},
+    engine::{
+        EngineConfig, Strategy,
+        state_transfer::{self, SharedState},
+    },
     ids::Hash32,
     wire::Chunk,
 };
@@ -20,8 +24,13 @@ fuzz_target!(|data: &[u8]| {
             Ok(Some((bytes, hash))) => {
                 assert!(bytes.len() as u64 <= LIMIT);
                 assert_eq!(Hash32::of(&bytes), hash);
-                if let Ok(s) = postcard::from_bytes::<ReplicaState>(&bytes) {
-                    let _ = s.verify(&EngineConfig::preset(Strategy::Gopals), 16);
+                let _ = postcard::from_bytes::<SharedState>(&bytes);
+                if let Ok(head) = state_transfer::decode_head(&bytes) {
+                    // The same bytes as the shared part it names: refused
+                    // unless the hash matches, decoded and verified if so.
+                    if let Ok(s) = state_transfer::assemble(head, &bytes) {
+                        let _ = s.verify(&EngineConfig::preset(Strategy::Gopals), 16);
+                    }
                 }
                 return;
             }

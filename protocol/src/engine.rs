@@ -23,6 +23,7 @@ mod receive;
 mod round;
 pub mod snapshot;
 pub mod staleness;
+pub mod state_transfer;
 pub mod tick;
 pub mod trust;
 

@@ -1,8 +1,9 @@
 //! The README's join flow, as written: a `ragtag-bootstrap` (which never
 //! trains), two training nodes, then a third started with only `--run-id`
 //! and the bootstrap's address. It gets the manifest through the bootstrap,
-//! finds the training peers through the DHT, syncs the replica state from
-//! them (not a fresh start), and the others apply its updates.
+//! finds the training peers through the DHT (their provider records), syncs
+//! the replica state from them, in chunks from both at once (not a fresh
+//! start), and the others apply its updates.
 
 use std::time::Duration;
 
@@ -28,6 +29,25 @@ fn a_node_joins_by_run_id_through_a_bootstrap_that_does_not_train() {
     // The bootstrap knows the run only through the DHT's provider records:
     // the joiner's lookup names both training nodes.
     assert!(c.stderr().contains("the DHT names 2 holder(s) of this run"), "{}", c.stderr());
+    // The two trainers hold the same shared state: the joiner took it once,
+    // in chunks from both at once (they would differ only if a batch were
+    // applied between the two head requests, a few ms apart in a tick of
+    // seconds), and said how far it got.
+    let split = c
+        .stderr()
+        .lines()
+        .find(|l| l.contains("shared part: chunks"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no shared part fetched:\n{}", c.stderr()));
+    let from_each: Vec<u64> = split
+        .split("chunks ")
+        .nth(1)
+        .unwrap()
+        .split(", ")
+        .filter_map(|part| part.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(from_each.len() == 2 && from_each.iter().all(|&n| n >= 1), "not taken from both trainers: {split}");
+    assert!(c.stderr().contains("(100%) from 2 peer(s)"), "no download progress shown:\n{}", c.stderr());
     let c_id = ec["status"]["node_id"].as_str().unwrap().to_string();
 
     // a applied c's updates: its ledger holds receipts accepting them.

@@ -16,7 +16,7 @@ use ragtag_protocol::{
     Keypair, Signed,
     chunks::Reassembly,
     codec::{Payload, encode},
-    engine::{ReplicaState, Strategy, anti_entropy::anchor_sketch},
+    engine::{ReplicaState, Strategy, anti_entropy::anchor_sketch, state_transfer},
     ids::{Hash32, RunId, UpdateId},
     manifest::Manifest,
     wire::{Chunk, MAX_CHUNK_BYTES, Message, ReplicaDigest, StateRequest, UpdateAnnouncement},
@@ -31,23 +31,34 @@ const POISON_SCALE: f32 = 50.0;
 /// the hundreds).
 const SANE_LOSS: f64 = 3.0;
 
-/// The replica state `peer` serves, fetched in chunks.
-async fn fetch_state(c: &net::Client, peer: libp2p::PeerId, run_id: RunId) -> ReplicaState {
+/// One object (`snapshot`: the hash that names it, zero for the head of
+/// the peer's current state) that `peer` serves, fetched in chunks.
+async fn fetch_object(c: &net::Client, peer: libp2p::PeerId, run_id: RunId, snapshot: Hash32) -> Vec<u8> {
     let mut object = Reassembly::new(1 << 30);
     loop {
-        let (offset, snapshot) = (object.offset(), object.hash());
+        let offset = object.offset();
+        let snapshot = if offset == 0 { snapshot } else { object.hash() };
         let req = StateRequest { run_id, offset, max_len: MAX_CHUNK_BYTES as u32, snapshot };
         let Ok(Message::StateChunk(chunk)) = c.request(peer, Message::StateRequest(req)).await else {
             panic!("the honest node serves its state");
         };
         if let Some((bytes, _)) = object.push(chunk).expect("consistent chunks") {
-            return postcard::from_bytes(&bytes).expect("a state");
+            return bytes;
         }
     }
 }
 
-/// The chunk of `blob` a state request asks for.
-fn chunk_of(blob: &[u8], r: &StateRequest) -> Message {
+/// The replica state `peer` serves: its head, then the shared part it names.
+async fn fetch_state(c: &net::Client, peer: libp2p::PeerId, run_id: RunId) -> ReplicaState {
+    let head = state_transfer::decode_head(&fetch_object(c, peer, run_id, Hash32::default()).await).expect("a head");
+    let shared = fetch_object(c, peer, run_id, head.shared_hash).await;
+    state_transfer::assemble(head, &shared).expect("a state")
+}
+
+/// The chunk of the attacker's state a request asks for: the head for a new
+/// transfer, else the part the request names.
+fn chunk_of(state: &(Vec<u8>, Vec<u8>), r: &StateRequest) -> Message {
+    let blob = if r.snapshot == Hash32::of(&state.1) { &state.1 } else { &state.0 };
     let start = (r.offset as usize).min(blob.len());
     let end = (start + r.max_len as usize).min(blob.len());
     Message::StateChunk(Chunk {
@@ -61,7 +72,8 @@ fn chunk_of(blob: &[u8], r: &StateRequest) -> Message {
 /// What the attacker serves and claims, shared with its request handler.
 #[derive(Default)]
 struct Lie {
-    state: Option<Vec<u8>>,
+    /// Head and shared part.
+    state: Option<(Vec<u8>, Vec<u8>)>,
     digest: Option<ReplicaDigest>,
 }
 
@@ -172,7 +184,7 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
             let digest = ReplicaDigest { sketch: anchor_sketch(&poisoned.anchor), ..theirs };
             {
                 let mut l = lie.lock().unwrap();
-                l.state = Some(postcard::to_allocvec(&poisoned).unwrap());
+                l.state = Some(state_transfer::split(poisoned));
                 l.digest = Some(digest.clone());
             }
             let _ = attacker.request(a_peer, Message::Digest(digest)).await;

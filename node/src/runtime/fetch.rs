@@ -5,7 +5,10 @@
 use libp2p::PeerId;
 use ragtag_protocol::{
     chunks::{ChunkError, Reassembly},
-    engine::ReplicaState,
+    engine::{
+        ReplicaState,
+        state_transfer::{self, StateHead},
+    },
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
     wire::{
@@ -35,9 +38,12 @@ pub(crate) enum FetchError {
     /// The chunks do not make up the object.
     #[error(transparent)]
     Chunks(#[from] ChunkError),
-    /// The reassembled state is not a replica state.
-    #[error("state does not decode: {0}")]
-    StateDecode(#[source] postcard::Error),
+    /// The state's parts do not decode or do not fit together.
+    #[error("replica state: {0}")]
+    State(#[from] state_transfer::TransferError),
+    /// A chunk of a shared state that is not the one asked for.
+    #[error("a state chunk that is not the one asked for")]
+    BadChunk,
 }
 
 fn unexpected(m: &Message) -> FetchError {
@@ -80,12 +86,21 @@ pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) 
     Ok(bytes)
 }
 
-/// A peer's replica state, decoded (the caller verifies it against the manifest).
+/// A peer's replica state, head and shared part both from it (the caller
+/// verifies it against the manifest).
 pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<ReplicaState, FetchError> {
+    let head = state_head(net, peer, run_id).await?;
+    let shared = shared_state(net, &[peer], run_id, &head, |_, _| {}).await?;
+    Ok(state_transfer::assemble(head, &shared.bytes)?)
+}
+
+/// The head of a peer's current replica state: its own part, naming the
+/// shared part by hash.
+pub(crate) async fn state_head(net: &Client, peer: PeerId, run_id: RunId) -> Result<StateHead, FetchError> {
     let (bytes, _) = fetch_chunked(
         net,
         peer,
-        MAX_STATE_BYTES,
+        state_transfer::MAX_HEAD_BYTES as u64,
         |offset, snapshot| {
             Message::StateRequest(StateRequest { run_id, offset, max_len: MAX_CHUNK_BYTES as u32, snapshot })
         },
@@ -95,7 +110,96 @@ pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<R
         },
     )
     .await?;
-    postcard::from_bytes(&bytes).map_err(FetchError::StateDecode)
+    Ok(state_transfer::decode_head(&bytes)?)
+}
+
+/// Smallest chunk a shared-state transfer asks for (a small state comes in
+/// fewer chunks than it has holders).
+const MIN_STATE_CHUNK: u64 = 16 * 1024;
+/// Chunk requests in flight per holder.
+const CHUNKS_IN_FLIGHT_PER_HOLDER: usize = 2;
+
+/// A shared state part and how many of its chunks each holder served.
+#[derive(Debug)]
+pub(crate) struct SharedFetch {
+    /// The bytes, checked against the head's hash.
+    pub bytes: Vec<u8>,
+    /// Chunks served, by holder (in the order given).
+    pub per_holder: Vec<usize>,
+}
+
+/// The shared part `head` names, in chunks from all of `holders` at once
+/// (chunk i from holder i mod k; a chunk a holder fails to serve goes to
+/// the next). `progress(done, total)` is called as bytes arrive.
+pub(crate) async fn shared_state(
+    net: &Client,
+    holders: &[PeerId],
+    run_id: RunId,
+    head: &StateHead,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<SharedFetch, FetchError> {
+    let (len, hash) = (head.shared_len, head.shared_hash);
+    if len > MAX_STATE_BYTES || holders.is_empty() {
+        return Err(FetchError::BadChunk);
+    }
+    let k = holders.len();
+    let chunk = (len / (4 * k as u64)).clamp(MIN_STATE_CHUNK, MAX_CHUNK_BYTES as u64);
+    let n = len.div_ceil(chunk) as usize;
+    let ask = |i: usize, h: usize| async move {
+        let offset = i as u64 * chunk;
+        let want = chunk.min(len - offset);
+        let request = StateRequest { run_id, offset, max_len: want as u32, snapshot: hash };
+        let result = match net.request(holders[h], Message::StateRequest(request)).await {
+            Ok(Message::StateChunk(c))
+                if c.hash == hash && c.total_len == len && c.offset == offset && c.bytes.len() as u64 == want =>
+            {
+                Ok(c.bytes)
+            }
+            Ok(Message::StateChunk(_)) => Err(FetchError::BadChunk),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(e.into()),
+        };
+        (i, h, result)
+    };
+    let mut parts: Vec<Option<Vec<u8>>> = vec![None; n];
+    let mut tries = vec![0usize; n];
+    let mut per_holder = vec![0usize; k];
+    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut next = 0;
+    while next < n && in_flight.len() < k * CHUNKS_IN_FLIGHT_PER_HOLDER {
+        in_flight.push(ask(next, next % k));
+        next += 1;
+    }
+    let mut done = 0u64;
+    while let Some((i, h, result)) = futures::StreamExt::next(&mut in_flight).await {
+        match result {
+            Ok(bytes) => {
+                done += bytes.len() as u64;
+                parts[i] = Some(bytes);
+                per_holder[h] += 1;
+                progress(done, len);
+                if next < n {
+                    in_flight.push(ask(next, next % k));
+                    next += 1;
+                }
+            }
+            Err(e) => {
+                tries[i] += 1;
+                if tries[i] >= k {
+                    return Err(e);
+                }
+                in_flight.push(ask(i, (h + 1) % k));
+            }
+        }
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    for part in parts.iter().flatten() {
+        bytes.extend_from_slice(part);
+    }
+    if bytes.len() as u64 != len || Hash32::of(&bytes) != hash {
+        return Err(state_transfer::TransferError::Mismatch.into());
+    }
+    Ok(SharedFetch { bytes, per_holder })
 }
 
 /// An announcement we missed; `None` when the peer no longer holds it.

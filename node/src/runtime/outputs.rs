@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use ragtag_protocol::{
     Signed,
-    engine::{EngineEvent, Output, inner_lr::LrChange, trust::StateRefusal},
+    engine::{EngineEvent, Output, inner_lr::LrChange, state_transfer, trust::StateRefusal},
     ids::Hash32,
     ledger::RecordKind,
     wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message},
@@ -197,39 +197,58 @@ impl Node {
         }
     }
 
-    /// The replica-state snapshot a peer reads in chunks: the current
-    /// replica for a new transfer (an anti-entropy peer averages it against
-    /// the digest it just compared, so it must not be older), the same
-    /// snapshot while a transfer goes on (`None` once it has been replaced).
+    /// The replica-state object a peer reads in chunks (see
+    /// [`ragtag_protocol::engine::state_transfer`]): for a new transfer
+    /// (`requested` zero) the head of the current replica (an anti-entropy
+    /// peer averages it against the digest it just compared, so it must
+    /// not be older); else the head or shared part of that hash while we
+    /// keep it (`None` once it has been replaced).
     pub(crate) fn state_blob(&mut self, requested: Hash32) -> Option<(Hash32, Arc<Vec<u8>>)> {
         if requested != Hash32::default() {
-            return self.state_snapshots.iter().find(|s| s.hash == requested).map(|s| (s.hash, s.bytes.clone()));
+            return self.state_snapshots.iter().find_map(|s| {
+                if s.head_hash == requested {
+                    Some((s.head_hash, s.head.clone()))
+                } else if s.shared_hash == requested {
+                    Some((s.shared_hash, s.shared.clone()))
+                } else {
+                    None
+                }
+            });
         }
         let stats = self.engine.stats();
         let stamp = (self.engine.version().total(), stats.anchors_averaged, stats.rounds, self.engine.round());
         if let Some(s) = self.state_snapshots.back().filter(|s| s.stamp == stamp) {
-            return Some((s.hash, s.bytes.clone()));
+            return Some((s.head_hash, s.head.clone()));
         }
-        let bytes =
-            Arc::new(postcard::to_allocvec(&self.engine.replica_state()).expect("encoding to a Vec cannot fail"));
-        let hash = Hash32::of(&bytes);
-        self.state_snapshots.push_back(StateSnapshot { hash, bytes: bytes.clone(), stamp });
+        let (head, shared) = state_transfer::split(self.engine.replica_state());
+        let (head_hash, shared_hash) = (Hash32::of(&head), Hash32::of(&shared));
+        // Rounds pass without a batch applied: the shared part is then the
+        // same, and kept once.
+        let shared = match self.state_snapshots.back().filter(|s| s.shared_hash == shared_hash) {
+            Some(s) => s.shared.clone(),
+            None => Arc::new(shared),
+        };
+        let head = Arc::new(head);
+        self.state_snapshots.push_back(StateSnapshot { head_hash, head: head.clone(), shared_hash, shared, stamp });
         if self.state_snapshots.len() > STATE_SNAPSHOTS {
             self.state_snapshots.pop_front();
         }
-        Some((hash, bytes))
+        Some((head_hash, head))
     }
 }
 
-/// Snapshots kept at once: one a slow transfer may still be reading, and
+/// Snapshots kept at once: those slow transfers may still be reading, and
 /// the newest.
-const STATE_SNAPSHOTS: usize = 2;
+const STATE_SNAPSHOTS: usize = 3;
 
-/// An encoded replica state, and what the replica had done when it was taken.
+/// An encoded replica state (head and shared part), and what the replica
+/// had done when it was taken.
 #[derive(Debug)]
 pub(crate) struct StateSnapshot {
-    hash: Hash32,
-    bytes: Arc<Vec<u8>>,
+    head_hash: Hash32,
+    head: Arc<Vec<u8>>,
+    shared_hash: Hash32,
+    shared: Arc<Vec<u8>>,
     /// Applied updates, anchor averages, rounds and round: unchanged means
     /// the replica is unchanged.
     stamp: (u64, u64, u64, u64),

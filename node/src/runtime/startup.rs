@@ -2,6 +2,7 @@
 //! (resumed from a checkpoint, synced from a peer, or fresh).
 
 use std::{
+    collections::BTreeMap,
     fs::File,
     path::{Path, PathBuf},
     time::Duration,
@@ -11,8 +12,14 @@ use libp2p::PeerId;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use ragtag_protocol::{
     Keypair,
-    engine::{Engine, ReplicaState, Strategy, anti_entropy::relative_distance, snapshot::StateError, trust},
-    ids::RunId,
+    engine::{
+        Engine, ReplicaState, Strategy,
+        anti_entropy::relative_distance,
+        snapshot::StateError,
+        state_transfer::{self, StateHead},
+        trust,
+    },
+    ids::{Hash32, RunId},
     manifest::Manifest,
     time::Micros,
 };
@@ -224,20 +231,59 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
 async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trust::StateRefusal> {
     let run_id = s.manifest.run_id();
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
-    let fetches = s
+    // Heads first (small): holders whose shared parts have the same hash
+    // hold the same bytes, so each shared part is taken once, in chunks
+    // from all of its holders at once.
+    let heads = s
         .peers
         .iter()
         .take(MAX_STATE_SOURCES)
-        .map(|&peer| async move { (peer, fetch::state(s.net, peer, run_id).await) });
-    let mut served: Vec<(PeerId, ReplicaState)> = Vec::new();
-    for (peer, result) in futures::future::join_all(fetches).await {
-        match result.map(|state| (state.verify(&s.manifest.engine, s.initial.len()), state)) {
-            Ok((Ok(()), state)) => served.push((peer, state)),
-            Ok((Err(e), _)) => {
-                refuse("invalid");
-                tracing::warn!("replica state from {peer} refused: {e}");
-            }
+        .map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) });
+    let mut by_shared: BTreeMap<Hash32, Vec<(PeerId, StateHead)>> = BTreeMap::new();
+    for (peer, result) in futures::future::join_all(heads).await {
+        match result {
+            Ok(head) => by_shared.entry(head.shared_hash).or_default().push((peer, head)),
             Err(e) => tracing::info!("no replica state from {peer}: {e}"),
+        }
+    }
+    let mut served: Vec<(PeerId, ReplicaState)> = Vec::new();
+    for holders in by_shared.into_values() {
+        let peers: Vec<PeerId> = holders.iter().map(|(p, _)| *p).collect();
+        let mut shown = 0;
+        let progress = |done: u64, total: u64| {
+            // A line at every quarter of the download.
+            let quarter = (done * 4 / total.max(1)) as usize;
+            if quarter > shown {
+                shown = quarter;
+                tracing::info!(
+                    "replica state: {:.1} of {:.1} MB ({}%) from {} peer(s)",
+                    done as f64 / 1e6,
+                    total as f64 / 1e6,
+                    done * 100 / total.max(1),
+                    peers.len()
+                );
+            }
+        };
+        let shared = match fetch::shared_state(s.net, &peers, run_id, &holders[0].1, progress).await {
+            Ok(shared) => shared,
+            Err(e) => {
+                tracing::info!("no replica state from {peers:?}: {e}");
+                continue;
+            }
+        };
+        let split: Vec<String> = peers.iter().zip(&shared.per_holder).map(|(p, n)| format!("{n} from {p}")).collect();
+        tracing::info!("replica state's shared part: chunks {}", split.join(", "));
+        for (peer, head) in holders {
+            match state_transfer::assemble(head, &shared.bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|st| st.verify(&s.manifest.engine, s.initial.len()).map(|()| st).map_err(|e| e.to_string()))
+            {
+                Ok(state) => served.push((peer, state)),
+                Err(e) => {
+                    refuse("invalid");
+                    tracing::warn!("replica state from {peer} refused: {e}");
+                }
+            }
         }
     }
     if served.is_empty() {
