@@ -263,11 +263,19 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
                     let sketch = v["sketch"]
                         .as_array()
                         .map_or_else(Vec::new, |a| a.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect());
+                    // A line without the counters is not taken as zeros:
+                    // it is left out (every node of this build prints them).
+                    let (Some(t), Some(samples), Some(bytes_out)) =
+                        (v["t"].as_f64(), v["samples"].as_u64(), v["bytes_out"].as_u64())
+                    else {
+                        tracing::warn!("a round line without t, samples or bytes_out, left out: {line}");
+                        continue;
+                    };
                     report.rounds.push(RoundReport {
-                        t: node.offset_s + v["t"].as_f64().unwrap_or(0.0),
+                        t: node.offset_s + t,
                         eval: v["eval_loss"].as_f64().map(|l| l as f32),
-                        samples: v["samples"].as_u64().unwrap_or(0),
-                        bytes_out: v["bytes_out"].as_u64().unwrap_or(0),
+                        samples,
+                        bytes_out,
                         sketch,
                     });
                 }
@@ -343,7 +351,10 @@ fn to_output(
         .enumerate()
         .map(|(i, r)| {
             let status = r.exit.as_ref().map(|e| &e["status"]);
-            let get = |k: &str| status.and_then(|s| s[k].as_f64()).unwrap_or(0.0);
+            // A node that left no exit report (it died) is described by its
+            // last round line; what only the exit report has is NaN.
+            let last = r.rounds.last();
+            let get = |k: &str| status.and_then(|s| s[k].as_f64());
             if let Some(h) = status.and_then(|s| s["staleness_histogram"].as_array()) {
                 for (b, v) in h.iter().enumerate().take(8) {
                     tally.staleness_histogram[b] += v.as_u64().unwrap_or(0);
@@ -354,16 +365,16 @@ fn to_output(
                     *tally.dropped.entry(k.clone()).or_insert(0) += v.as_u64().unwrap_or(0);
                 }
             }
-            let uptime = get("uptime_s");
+            let uptime = get("uptime_s").unwrap_or(f64::NAN);
             NodeOutput {
                 index: i,
                 speed: profiles[i].base,
                 group: 0,
-                busy_s: get("utilisation") * uptime,
+                busy_s: get("utilisation").unwrap_or(f64::NAN) * uptime,
                 alive_s: uptime,
-                bytes_sent: get("bytes_out") as u64,
-                updates: get("rounds") as u64,
-                samples: get("samples") as u64,
+                bytes_sent: get("bytes_out").map_or_else(|| last.map_or(0, |x| x.bytes_out), |b| b as u64),
+                updates: get("rounds").map_or(r.rounds.len() as u64, |n| n as u64),
+                samples: get("samples").map_or_else(|| last.map_or(0, |x| x.samples), |n| n as u64),
             }
         })
         .collect();

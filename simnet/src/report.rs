@@ -181,8 +181,9 @@ impl RunSummary {
             utilisation_min: alive.iter().map(|n| n.utilisation).fold(1.0, f64::min),
             staleness_histogram: out.tally.staleness_histogram,
             mean_staleness: out.tally.mean_staleness(),
-            consensus_distance_final: last.map_or(0.0, |s| s.consensus_max),
-            consensus_distance_max: out.series.iter().map(|s| s.consensus_max).fold(0.0, f32::max),
+            // NaN where nothing was measured (f32::max skips NaN).
+            consensus_distance_final: last.map_or(f32::NAN, |s| s.consensus_max),
+            consensus_distance_max: out.series.iter().map(|s| s.consensus_max).fold(f32::NAN, f32::max),
             dropped: out.tally.dropped.clone(),
             anchors_averaged: out.tally.anchors_averaged,
             anchors_refused: out.tally.anchors_refused.clone(),

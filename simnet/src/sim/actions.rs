@@ -3,10 +3,7 @@
 
 use std::sync::Arc;
 
-use ragtag_protocol::{
-    engine::{EngineEvent, Input, Output},
-    ids::UpdateId,
-};
+use ragtag_protocol::engine::{EngineEvent, Input, Output};
 
 use super::{
     Delivery, Ev, HAVE_BYTES, HEARTBEAT_BYTES, INLINE_PAYLOAD_BYTES, Published, REQUEST_BYTES, SIGNED_OVERHEAD,
@@ -42,16 +39,14 @@ impl Sim<'_> {
                     let (_, old) = self.store_order.pop_front().expect("checked");
                     self.store.remove(&old);
                 }
+                // Every strategy's update, ddp's gradients included, travels
+                // as the node sends it: inline in gossip when small enough,
+                // else announced and fetched by each peer.
                 let receivers = self.others(k);
-                if self.manifest.engine.local == ragtag_protocol::engine::LocalMode::Gradient {
-                    self.all_reduce(k, id, ann_bytes + payload_len, &receivers);
-                } else {
-                    let inline = payload_len <= INLINE_PAYLOAD_BYTES;
-                    let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
-                    let what =
-                        if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
-                    self.broadcast(k, &receivers, wire_bytes, what);
-                }
+                let inline = payload_len <= INLINE_PAYLOAD_BYTES;
+                let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
+                let what = if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
+                self.broadcast(k, &receivers, wire_bytes, what);
             }
             Output::FetchPayload { id, from, .. } | Output::FetchAnnouncement { id, from } => {
                 let src = self.index_of.get(&from).copied();
@@ -123,23 +118,6 @@ impl Sim<'_> {
             if !reached.is_empty() {
                 self.push(at, Ev::Wave { nodes: reached, what: what.clone() });
             }
-        }
-    }
-
-    /// ddp's gradient exchange, modelled generously as a bandwidth-optimal
-    /// all-reduce: the sender's uplink carries `2 (N-1)/N` gradients (not
-    /// one per peer) and every peer has it two latencies after the upload.
-    fn all_reduce(&mut self, k: usize, id: UpdateId, bytes: usize, receivers: &[usize]) {
-        let n = (receivers.len() + 1) as f64;
-        let share = (2.0 * (n - 1.0) / n * bytes as f64) as usize;
-        let Some(done) = self.network.send(self.now, k, k, share) else { return };
-        let from = self.nodes[k].id;
-        let reached: Vec<usize> = receivers.iter().copied().filter(|j| self.network.connected(k, *j)).collect();
-        if !reached.is_empty() {
-            self.push(
-                done + self.network.latency_s(),
-                Ev::Wave { nodes: reached, what: Delivery::Update { id, from } },
-            );
         }
     }
 
