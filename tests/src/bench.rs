@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod augmented_digits;
+pub mod error;
 pub mod ledger;
 pub mod machine;
 pub mod simulate;

@@ -11,7 +11,7 @@ use ragtag_simnet::{
     scenario::Scenario,
 };
 
-use super::Figure;
+use super::{Figure, error::BenchError};
 
 /// Compares `strategies` on a scenario with `seeds` seeds; writes the
 /// reports under `out`; returns the comparison and its table.
@@ -20,7 +20,7 @@ pub fn compare_scenario(
     strategies: &[Strategy],
     seeds: u32,
     out: &Path,
-) -> anyhow::Result<(Comparison, String)> {
+) -> Result<(Comparison, String), BenchError> {
     let s = Scenario::load(name)?;
     let (c, outputs) = compare(&s, strategies, seeds, true)?;
     write_all(&out.join(name), &c, &outputs)?;

@@ -7,7 +7,7 @@ use std::{path::Path, process::Command, time::Instant};
 use ragtag_models::{Trainer, TrainerConfig, data::Shard, device::DeviceChoice};
 use ragtag_protocol::manifest::{DataSpec, ModelSpec, TrainingSpec};
 
-use super::{Figure, median};
+use super::{Figure, error::BenchError, median};
 
 struct Case {
     name: &'static str,
@@ -62,7 +62,7 @@ fn cases(repo: &Path) -> Vec<Case> {
     ]
 }
 
-fn candle_ms(c: &Case, steps: u32) -> anyhow::Result<f64> {
+fn candle_ms(c: &Case, steps: u32) -> Result<f64, BenchError> {
     let mut t = Trainer::new(TrainerConfig {
         model: c.model.clone(),
         data: c.data.clone(),
@@ -87,26 +87,30 @@ fn candle_ms(c: &Case, steps: u32) -> anyhow::Result<f64> {
 
 /// JAX in a throwaway virtualenv under `target/`; `None` (with the reason
 /// printed) when it cannot be installed.
-fn jax_ms(repo: &Path, steps: u32) -> anyhow::Result<serde_json::Value> {
+fn jax_ms(repo: &Path, steps: u32) -> Result<serde_json::Value, BenchError> {
     let venv = repo.join("target/bench-venv");
     let python = venv.join("bin/python");
     if !python.exists() {
         let ok = Command::new("python3").args(["-m", "venv", venv.to_str().unwrap_or_default()]).status()?;
         if !ok.success() {
-            anyhow::bail!("python3 -m venv failed");
+            return Err(BenchError::failed("python3 -m venv"));
         }
         let ok =
             Command::new(&python).args(["-m", "pip", "install", "--quiet", "jax[cpu]==0.8.1", "optax"]).status()?;
         if !ok.success() {
-            anyhow::bail!("pip install jax[cpu] optax failed");
+            return Err(BenchError::failed("pip install jax[cpu] optax"));
         }
     }
     let out = Command::new(&python).arg(repo.join("tests/scripts/jax_reference.py")).arg(steps.to_string()).output()?;
     if !out.status.success() {
-        anyhow::bail!("{}", String::from_utf8_lossy(&out.stderr));
+        return Err(BenchError::CommandFailed {
+            command: "jax_reference.py".into(),
+            detail: format!(": {}", String::from_utf8_lossy(&out.stderr)),
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or("")).map_err(|e| anyhow::anyhow!("{e}: {text}"))
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .map_err(|source| BenchError::Json { source, text: text.into_owned() })
 }
 
 /// Runs every case; `steps` timed steps each.

@@ -21,7 +21,7 @@ use std::{
 use ragtag_node::manifest_file;
 use ragtag_protocol::manifest::Manifest;
 
-use super::{Figure, suite::Task};
+use super::{Figure, error::BenchError, suite::Task};
 use crate::Proc;
 
 /// Evaluations averaged for a curve's loss: one evaluation scatters, and
@@ -78,7 +78,7 @@ impl Curve {
 /// The manifest a user gets from `ragtag swarm new` with the task's
 /// arguments (its learning-rate probe included), with only the held-out
 /// size changed where the task says. Returns its path and the manifest.
-pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Result<(PathBuf, Manifest)> {
+pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> Result<(PathBuf, Manifest), BenchError> {
     std::fs::create_dir_all(dir)?;
     let out = Command::new(ragtag)
         .args(["swarm", "new", "--name", task.name, "--seed", &seed.to_string()])
@@ -87,7 +87,9 @@ pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> anyhow::Re
         .arg(dir)
         .stderr(Stdio::inherit())
         .output()?;
-    anyhow::ensure!(out.status.success(), "ragtag swarm new failed");
+    if !out.status.success() {
+        return Err(BenchError::failed("ragtag swarm new"));
+    }
     let path = dir.join("manifest.toml");
     let mut m = manifest_file::read(&path)?;
     if let Some(n) = task.eval_samples {
@@ -108,7 +110,7 @@ pub fn ragtag_swarm(
     step_times: &[f64],
     duration_s: f64,
     dir: &Path,
-) -> anyhow::Result<Curve> {
+) -> Result<Curve, BenchError> {
     // Every run starts from nothing: a node resumes from a state directory
     // it finds, and one left by an earlier run belongs to another.
     match std::fs::remove_dir_all(dir) {
@@ -171,27 +173,28 @@ pub fn ragtag_swarm(
         std::thread::sleep(Duration::from_millis(50));
     }
     curve.points.sort_by(|a, b| a.0.total_cmp(&b.0));
-    anyhow::ensure!(!curve.points.is_empty(), "node 0 reported no evaluation; its log:\n{}", nodes[0].0.stderr());
+    if curve.points.is_empty() {
+        return Err(BenchError::NoMeasurement(format!(
+            "node 0 reported no evaluation; its log:\n{}",
+            nodes[0].0.stderr()
+        )));
+    }
     Ok(curve)
 }
 
 /// PyTorch in a virtualenv under `target/`, installed on first use.
-fn torch_python(repo: &Path) -> anyhow::Result<PathBuf> {
+fn torch_python(repo: &Path) -> Result<PathBuf, BenchError> {
     let venv = repo.join("target/ddp-venv");
     let python = venv.join("bin/python");
-    if !python.exists() {
-        anyhow::ensure!(
-            Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success(),
-            "python3 -m venv failed"
-        );
+    if !python.exists() && !Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?.success() {
+        return Err(BenchError::failed("python3 -m venv"));
     }
     let has_torch = Command::new(&python).args(["-c", "import torch"]).stderr(Stdio::null()).status()?.success();
     if !has_torch {
         eprintln!("installing PyTorch into {} (about 5.6 GB)", venv.display());
-        anyhow::ensure!(
-            Command::new(&python).args(["-m", "pip", "install", "--quiet", "torch", "numpy"]).status()?.success(),
-            "pip install torch failed"
-        );
+        if !Command::new(&python).args(["-m", "pip", "install", "--quiet", "torch", "numpy"]).status()?.success() {
+            return Err(BenchError::failed("pip install torch"));
+        }
     }
     Ok(python)
 }
@@ -213,7 +216,7 @@ pub struct DdpRun {
 }
 
 /// PyTorch DDP with one rank per entry of the task's step times.
-pub fn pytorch_ddp(repo: &Path, task: &Task, run: DdpRun, duration_s: f64) -> anyhow::Result<Curve> {
+pub fn pytorch_ddp(repo: &Path, task: &Task, run: DdpRun, duration_s: f64) -> Result<Curve, BenchError> {
     let python = torch_python(repo)?;
     let joined = |v: &[f64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
     let out = Command::new(python)
@@ -228,7 +231,9 @@ pub fn pytorch_ddp(repo: &Path, task: &Task, run: DdpRun, duration_s: f64) -> an
         .args(["--target", &run.target.to_string()])
         .stderr(Stdio::inherit())
         .output()?;
-    anyhow::ensure!(out.status.success(), "ddp_baseline.py failed");
+    if !out.status.success() {
+        return Err(BenchError::failed("ddp_baseline.py"));
+    }
     let mut curve = Curve::default();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
@@ -291,14 +296,15 @@ pub fn run_seed(
     duration_s: f64,
     lrs: &[f64],
     out: &Path,
-) -> anyhow::Result<SeedResult> {
+) -> Result<SeedResult, BenchError> {
     let out = out.join(format!("seed{seed}"));
     let (manifest_path, m) = manifest(ragtag, task, seed, &out.join("run"))?;
     eprintln!("{} seed {seed}: ragtag single node, step time {} s", task.name, task.step_times[0]);
     let single = ragtag_swarm(ragtag, &manifest_path, task, &task.step_times[..1], duration_s, &out.join("single"))?;
     single.write_csv(&out.join("single.csv"))?;
-    let lone_best =
-        single.best().ok_or_else(|| anyhow::anyhow!("the lone node had fewer than {SMOOTH} evaluations"))?;
+    let lone_best = single
+        .best()
+        .ok_or_else(|| BenchError::NoMeasurement(format!("the lone node had fewer than {SMOOTH} evaluations")))?;
     let target = lone_best * TARGET_MARGIN;
     eprintln!(
         "{} seed {seed}: lone best {lone_best:.4}, target {target:.4}; swarm, step times {:?} s",
@@ -329,7 +335,7 @@ pub fn run_seed(
             }
         }
     }
-    let (ddp_lr, ddp) = ddp.ok_or_else(|| anyhow::anyhow!("no DDP learning rate given"))?;
+    let (ddp_lr, ddp) = ddp.ok_or_else(|| BenchError::NoMeasurement("no DDP learning rate given".into()))?;
     Ok(SeedResult {
         seed,
         ragtag_lr: m.training.lr,
@@ -355,7 +361,7 @@ pub fn run(
     duration_s: f64,
     lrs: &[f64],
     out: &Path,
-) -> anyhow::Result<(Vec<Figure>, String)> {
+) -> Result<(Vec<Figure>, String), BenchError> {
     let out = out.join(task.name);
     let mut results: Vec<SeedResult> = Vec::new();
     for &seed in seeds {
