@@ -309,13 +309,18 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     print_join_hint(&manifest, &listen);
 
     // The engine: resumed, joined or fresh. The state comes from peers that
-    // train first, then the run's other holders, then anyone connected.
+    // train, then the run's other holders; from anyone connected only when
+    // neither is known (a bootstrap node or a mere client serves none, and
+    // one that never answers would hold the join up).
     let seed = manifest.seed ^ node_seed;
     let mut peers: Vec<PeerId> = training.iter().copied().collect();
-    for p in holders.iter().flatten().chain(&connected) {
+    for p in holders.iter().flatten() {
         if !peers.contains(p) {
             peers.push(*p);
         }
+    }
+    if peers.is_empty() {
+        peers = connected.iter().copied().collect();
     }
     // Peers keep asking while we fetch: answer them, keep the rest.
     let (mut engine, origin) = {

@@ -41,6 +41,9 @@ pub(crate) enum FetchError {
     /// The state's parts do not decode or do not fit together.
     #[error("replica state: {0}")]
     State(#[from] state_transfer::TransferError),
+    /// The peer did not answer in time.
+    #[error("no answer in time")]
+    TimedOut,
     /// A chunk of a shared state that is not the one asked for.
     #[error("a state chunk that is not the one asked for")]
     BadChunk,

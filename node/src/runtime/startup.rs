@@ -40,6 +40,9 @@ pub(crate) const MAX_STATE_SOURCES: usize = 4;
 const STATE_ATTEMPTS: usize = 3;
 /// Pause between those attempts.
 const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
+/// Longest wait for a holder's state head (small): a peer that does not
+/// answer must not hold the join up for the whole request timeout.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a node could not get ready: `ragtag run` prints it and exits.
 #[derive(Debug, thiserror::Error)]
@@ -234,11 +237,10 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
     // Heads first (small): holders whose shared parts have the same hash
     // hold the same bytes, so each shared part is taken once, in chunks
     // from all of its holders at once.
-    let heads = s
-        .peers
-        .iter()
-        .take(MAX_STATE_SOURCES)
-        .map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) });
+    let heads = s.peers.iter().take(MAX_STATE_SOURCES).map(|&peer| async move {
+        let head = tokio::time::timeout(HEAD_TIMEOUT, fetch::state_head(s.net, peer, run_id)).await;
+        (peer, head.unwrap_or(Err(fetch::FetchError::TimedOut)))
+    });
     let mut by_shared: BTreeMap<Hash32, Vec<(PeerId, StateHead)>> = BTreeMap::new();
     for (peer, result) in futures::future::join_all(heads).await {
         match result {
