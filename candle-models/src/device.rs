@@ -75,9 +75,15 @@ fn cpu(reason: Option<String>) -> SelectedDevice {
     }
 }
 
+/// The first line of a device error: candle's may carry a backtrace.
+#[cfg(any(feature = "cuda", feature = "metal"))]
+fn first_line(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(n: usize) -> Result<SelectedDevice> {
-    let device = Device::new_cuda(n).map_err(|e| Error::Device(format!("cuda:{n}: {e}")))?;
+    let device = Device::new_cuda(n).map_err(|e| Error::Device(format!("cuda:{n}: {}", first_line(&e))))?;
     Ok(SelectedDevice { device, description: format!("cuda:{n}"), fallback_reason: None })
 }
 
@@ -88,7 +94,7 @@ fn cuda(n: usize) -> Result<SelectedDevice> {
 
 #[cfg(feature = "metal")]
 fn metal() -> Result<SelectedDevice> {
-    let device = Device::new_metal(0).map_err(|e| Error::Device(format!("metal: {e}")))?;
+    let device = Device::new_metal(0).map_err(|e| Error::Device(format!("metal: {}", first_line(&e))))?;
     Ok(SelectedDevice { device, description: "metal".into(), fallback_reason: None })
 }
 

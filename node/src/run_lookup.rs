@@ -31,15 +31,17 @@ pub async fn holders(client: &Client, run: RunId) -> Vec<PeerId> {
     }
 }
 
-/// `run`'s manifest from the holders the DHT names, or from `also` (e.g.
-/// the peers we are connected to); `None` when nobody served one that
-/// checks.
+/// `run`'s manifest from `also` (e.g. the peers we are connected to) or
+/// the holders the DHT names; `None` when nobody served one that checks.
 pub async fn manifest(client: &Client, run: RunId, also: &[PeerId]) -> Option<Manifest> {
-    let mut peers = holders(client, run).await;
-    tracing::info!("the DHT names {} holder(s) of run {run}", peers.len());
-    for p in also {
-        if !peers.contains(p) {
-            peers.push(*p);
+    let found = holders(client, run).await;
+    tracing::info!("the DHT names {} holder(s) of run {run}", found.len());
+    // `also` first: anyone can announce a provider record, so bogus holders
+    // must not crowd out the peers we chose.
+    let mut peers = also.to_vec();
+    for p in found {
+        if !peers.contains(&p) {
+            peers.push(p);
         }
     }
     ask_for_manifest(client, &peers, run).await

@@ -611,7 +611,6 @@ impl Node {
         self.pending_records.push(r);
     }
 
-    /// Counts and logs (once per peer and reason) a rejected input.
     /// Counts `n` bytes received from `peer`, also by how it is reached.
     fn received(&mut self, peer: Option<PeerId>, n: usize) {
         self.bytes_in += n as u64;
@@ -623,6 +622,7 @@ impl Node {
             .inc_by(n as u64);
     }
 
+    /// Counts and logs (once per peer and reason) a rejected input.
     fn reject(&mut self, peer: Option<PeerId>, reason: RejectReason, what: &str) {
         self.metrics.reject(reason.name());
         *self.rejected.entry(reason.name().to_string()).or_insert(0) += 1;

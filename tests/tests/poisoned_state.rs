@@ -69,12 +69,25 @@ fn chunk_of(state: &(Vec<u8>, Vec<u8>), r: &StateRequest) -> Message {
     })
 }
 
+/// A chunk that claims to be the one asked for of `r.snapshot` (a shared
+/// part of `total` bytes) and is junk: only the whole's hash tells.
+fn junk_chunk(r: &StateRequest, total: u64) -> Message {
+    Message::StateChunk(Chunk {
+        total_len: total,
+        offset: r.offset,
+        hash: r.snapshot,
+        bytes: vec![0xA5; r.max_len as usize],
+    })
+}
+
 /// What the attacker serves and claims, shared with its request handler.
 #[derive(Default)]
 struct Lie {
     /// Head and shared part.
     state: Option<(Vec<u8>, Vec<u8>)>,
     digest: Option<ReplicaDigest>,
+    /// A shared part (hash, length) whose chunks we serve as junk.
+    junk_for: Option<(Hash32, u64)>,
 }
 
 #[test]
@@ -153,11 +166,14 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
         tokio::spawn(async move {
             while let Some(ev) = events.recv().await {
                 if let net::Event::Request { id, message, .. } = ev {
-                    let (state, digest) = {
+                    let (state, digest, junk_for) = {
                         let l = shared.lock().unwrap();
-                        (l.state.clone(), l.digest.clone())
+                        (l.state.clone(), l.digest.clone(), l.junk_for)
                     };
                     let reply = match (message, state, digest) {
+                        (Message::StateRequest(r), _, _) if junk_for.is_some_and(|(h, _)| h == r.snapshot) => {
+                            junk_chunk(&r, junk_for.map_or(0, |(_, len)| len))
+                        }
                         (Message::StateRequest(r), Some(blob), _) => chunk_of(&blob, &r),
                         (Message::Digest(_), _, Some(d)) => Message::Digest(d),
                         _ => Message::Error(ragtag_protocol::wire::ErrorReply::NotFound),
@@ -214,6 +230,31 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
     let mut j_evals = Vec::new();
     j.follow(3, T, &mut j_evals);
     assert!(!j_evals.is_empty() && j_evals.iter().all(|&(_, l)| l < SANE_LOSS), "the joiner's losses: {j_evals:?}");
+
+    // A holder that claims the honest state (a copy of a's head) and serves
+    // its chunks as junk under the honest hash: a second joiner takes the
+    // state from the honest holders all the same.
+    rt.block_on(async {
+        let head_bytes = fetch_object(&attacker, a_peer, run_id, Hash32::default()).await;
+        let head = state_transfer::decode_head(&head_bytes).expect("a head");
+        let mut l = lie.lock().unwrap();
+        l.state = Some((head_bytes, Vec::new()));
+        l.junk_for = Some((head.shared_hash, head.shared_len));
+    });
+    let j2 = node(
+        &dir.path().join("j2"),
+        &["--bootstrap", &attacker_addr, "--bootstrap", &addr_a, "--bootstrap", &addr_b, "--max-rounds", "3"],
+    );
+    let joined = j2.wait_stderr("joined with the state of", T).unwrap_or_else(|| panic!("no join:\n{}", j2.stderr()));
+    assert!(!joined.contains(&attacker_id), "the second joiner took the attacker's state: {joined}");
+    let whole_again = j2.stderr().contains("did not arrive whole");
+    eprintln!("second joiner: {joined}; asked each holder alone after a failed download: {whole_again}");
+    let mut j2_evals = Vec::new();
+    j2.follow(3, T, &mut j2_evals);
+    assert!(
+        !j2_evals.is_empty() && j2_evals.iter().all(|&(_, l)| l < SANE_LOSS),
+        "the second joiner's losses: {j2_evals:?}"
+    );
 
     // No honest replica moved toward the poison: every held-out loss stays sane.
     for (name, p) in [("a", &a), ("b", &b)] {

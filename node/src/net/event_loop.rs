@@ -38,11 +38,19 @@ const PROVIDE_INTERVAL: Duration = Duration::from_secs(120);
 /// How long others keep our provider record.
 pub(crate) const PROVIDER_TTL: Duration = Duration::from_secs(600);
 
-/// Our provider announcement: the key, and when it last reached a peer.
+/// Least time between two announcements prompted by new peers.
+const REANNOUNCE_MIN_GAP: Duration = Duration::from_secs(5);
+/// How long a relayed connection stays open after a hole punch replaced
+/// it, so requests under way on it finish.
+const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// Our provider announcement: the key, when it last reached a peer, and
+/// when we last tried.
 #[derive(Debug)]
 struct Providing {
     key: kad::RecordKey,
     published: Option<Instant>,
+    attempted: Option<Instant>,
     in_flight: bool,
 }
 
@@ -82,6 +90,7 @@ pub fn spawn(
         listen: Vec::new(),
         kinds: HashMap::new(),
         relayed: HashMap::new(),
+        closing: Vec::new(),
         providing: None,
         provider_queries: HashMap::new(),
     };
@@ -144,6 +153,8 @@ struct EventLoop {
     /// Open relayed connections, by peer: closed once a hole punch gives a
     /// direct one (else gossip keeps using the relayed one).
     relayed: HashMap<PeerId, Vec<libp2p::swarm::ConnectionId>>,
+    /// Relayed connections to close, and when.
+    closing: Vec<(Instant, libp2p::swarm::ConnectionId)>,
     providing: Option<Providing>,
     /// Provider lookups: who waits for them and what they found so far.
     provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
@@ -152,8 +163,17 @@ struct EventLoop {
 impl EventLoop {
     async fn run(mut self) {
         let mut bootstrap = tokio::time::interval(std::time::Duration::from_secs(30));
+        let mut housekeeping = tokio::time::interval(std::time::Duration::from_secs(2));
         loop {
             tokio::select! {
+                _ = housekeeping.tick(), if !self.closing.is_empty() => {
+                    let now = Instant::now();
+                    let (due, later): (Vec<_>, Vec<_>) = self.closing.drain(..).partition(|(at, _)| *at <= now);
+                    self.closing = later;
+                    for (_, id) in due {
+                        self.swarm.close_connection(id);
+                    }
+                }
                 ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Shutdown) | None => break,
@@ -174,9 +194,13 @@ impl EventLoop {
     fn announce(&mut self, now: bool) {
         let Some(p) = self.providing.as_mut() else { return };
         let due = p.published.is_none_or(|t| t.elapsed() >= PROVIDE_INTERVAL);
-        if p.in_flight || !(now || due) {
+        // New peers arrive in bursts: at most one extra announcement per
+        // few seconds.
+        let recent = p.attempted.is_some_and(|t| t.elapsed() < REANNOUNCE_MIN_GAP);
+        if p.in_flight || !(due || (now && !recent)) {
             return;
         }
+        p.attempted = Some(Instant::now());
         match self.swarm.behaviour_mut().kad.start_providing(p.key.clone()) {
             Ok(_) => p.in_flight = true,
             Err(e) => tracing::warn!("cannot announce the run in the DHT: {e}"),
@@ -184,25 +208,32 @@ impl EventLoop {
     }
 
     /// A provider lookup found `found`: dial them (kad knows their
-    /// addresses while the query runs) and answer when enough are known or
-    /// the lookup is over.
+    /// addresses while the query runs) and answer with the first peer's
+    /// list (every peer that keeps the record keeps all of its providers),
+    /// or with none once the lookup is over.
     fn on_providers(&mut self, id: kad::QueryId, found: Vec<PeerId>, last: bool) {
         let me = *self.swarm.local_peer_id();
+        let allowed = |p: &PeerId| self.cfg.allow.is_empty() || self.cfg.allow.contains(p);
+        let found: Vec<PeerId> = found.into_iter().filter(|p| *p != me && allowed(p)).collect();
+        let mut dial = Vec::new();
         let Some((_, so_far)) = self.provider_queries.get_mut(&id) else { return };
         for p in found {
-            if p != me && !so_far.contains(&p) && so_far.len() < super::MAX_PROVIDERS {
+            if !so_far.contains(&p) && so_far.len() < super::MAX_PROVIDERS {
                 so_far.push(p);
-                if !self.swarm.is_connected(&p) {
-                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(p)
-                        .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
-                        .build();
-                    let _ = self.swarm.dial(opts);
-                }
+                dial.push(p);
             }
         }
-        let full = so_far.len() >= super::MAX_PROVIDERS;
-        if last || full {
-            if full && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
+        let answer = last || !so_far.is_empty();
+        for p in dial {
+            if !self.swarm.is_connected(&p) && self.swarm.connected_peers().count() < MAX_DIALED_PEERS {
+                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(p)
+                    .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                    .build();
+                let _ = self.swarm.dial(opts);
+            }
+        }
+        if answer {
+            if !last && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
                 q.finish();
             }
             if let Some((reply, so_far)) = self.provider_queries.remove(&id) {
@@ -299,7 +330,7 @@ impl EventLoop {
                 }
             }
             Command::Provide(key) => {
-                self.providing = Some(Providing { key, published: None, in_flight: false });
+                self.providing = Some(Providing { key, published: None, attempted: None, in_flight: false });
                 if self.swarm.connected_peers().next().is_some() {
                     self.announce(true);
                 }
@@ -460,12 +491,15 @@ impl EventLoop {
             NodeBehaviourEvent::Dcutr(e) => {
                 self.metrics.record(&e);
                 if e.result.is_ok() {
-                    // Traffic moves to the direct connection: a relay's
-                    // bandwidth is limited and shared.
+                    // Traffic moves to the direct connection (a relay's
+                    // bandwidth is limited and shared): the relayed one is
+                    // closed once requests under way on it had time to end.
+                    let at = Instant::now() + RELAYED_CLOSE_GRACE;
                     for id in self.relayed.remove(&e.remote_peer_id).unwrap_or_default() {
-                        self.swarm.close_connection(id);
+                        if self.closing.len() < MAX_DIALED_PEERS * 4 {
+                            self.closing.push((at, id));
+                        }
                     }
-                    self.kinds.insert(e.remote_peer_id, "direct");
                 }
                 self.emit(Event::HolePunch {
                     peer: e.remote_peer_id,

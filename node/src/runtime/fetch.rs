@@ -41,6 +41,12 @@ pub(crate) enum FetchError {
     /// The state's parts do not decode or do not fit together.
     #[error("replica state: {0}")]
     State(#[from] state_transfer::TransferError),
+    /// A state larger than we accept.
+    #[error("a replica state of {0} bytes is over the limit")]
+    TooLarge(u64),
+    /// No holder left to ask.
+    #[error("no holder left to serve the state")]
+    NoHolders,
     /// The peer did not answer in time.
     #[error("no answer in time")]
     TimedOut,
@@ -131,9 +137,14 @@ pub(crate) struct SharedFetch {
     pub per_holder: Vec<usize>,
 }
 
-/// The shared part `head` names, in chunks from all of `holders` at once
-/// (chunk i from holder i mod k; a chunk a holder fails to serve goes to
-/// the next). `progress(done, total)` is called as bytes arrive.
+/// The shared part `head` names, in chunks from all of `holders` at once:
+/// each holder has up to [`CHUNKS_IN_FLIGHT_PER_HOLDER`] chunks in flight
+/// and takes the next one as it delivers, so fast holders serve more; a
+/// holder that fails a chunk (no answer, an error, a chunk that is not the
+/// one asked for) is dropped and its chunks go to the others.
+/// `progress(done, total)` is called as bytes arrive. The whole is checked
+/// against the head's hash at the end: a holder that served wrong bytes
+/// makes it fail, and the caller then asks each holder alone.
 pub(crate) async fn shared_state(
     net: &Client,
     holders: &[PeerId],
@@ -142,8 +153,11 @@ pub(crate) async fn shared_state(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<SharedFetch, FetchError> {
     let (len, hash) = (head.shared_len, head.shared_hash);
-    if len > MAX_STATE_BYTES || holders.is_empty() {
-        return Err(FetchError::BadChunk);
+    if len > MAX_STATE_BYTES {
+        return Err(FetchError::TooLarge(len));
+    }
+    if holders.is_empty() {
+        return Err(FetchError::NoHolders);
     }
     let k = holders.len();
     let chunk = (len / (4 * k as u64)).clamp(MIN_STATE_CHUNK, MAX_CHUNK_BYTES as u64);
@@ -165,35 +179,42 @@ pub(crate) async fn shared_state(
         (i, h, result)
     };
     let mut parts: Vec<Option<Vec<u8>>> = vec![None; n];
-    let mut tries = vec![0usize; n];
+    let mut todo: std::collections::VecDeque<usize> = (0..n).collect();
+    let mut alive = vec![true; k];
+    let mut busy = vec![0usize; k];
     let mut per_holder = vec![0usize; k];
     let mut in_flight = futures::stream::FuturesUnordered::new();
-    let mut next = 0;
-    while next < n && in_flight.len() < k * CHUNKS_IN_FLIGHT_PER_HOLDER {
-        in_flight.push(ask(next, next % k));
-        next += 1;
-    }
+    let mut last_error = None;
     let mut done = 0u64;
-    while let Some((i, h, result)) = futures::StreamExt::next(&mut in_flight).await {
+    loop {
+        // Every live holder with a free slot takes the next chunk to do.
+        for h in (0..k).cycle().take(k * CHUNKS_IN_FLIGHT_PER_HOLDER) {
+            if alive[h]
+                && busy[h] < CHUNKS_IN_FLIGHT_PER_HOLDER
+                && let Some(i) = todo.pop_front()
+            {
+                busy[h] += 1;
+                in_flight.push(ask(i, h));
+            }
+        }
+        let Some((i, h, result)) = futures::StreamExt::next(&mut in_flight).await else { break };
+        busy[h] -= 1;
         match result {
             Ok(bytes) => {
                 done += bytes.len() as u64;
                 parts[i] = Some(bytes);
                 per_holder[h] += 1;
                 progress(done, len);
-                if next < n {
-                    in_flight.push(ask(next, next % k));
-                    next += 1;
-                }
             }
             Err(e) => {
-                tries[i] += 1;
-                if tries[i] >= k {
-                    return Err(e);
-                }
-                in_flight.push(ask(i, (h + 1) % k));
+                alive[h] = false;
+                todo.push_back(i);
+                last_error = Some(e);
             }
         }
+    }
+    if !todo.is_empty() {
+        return Err(last_error.unwrap_or(FetchError::NoHolders));
     }
     let mut bytes = Vec::with_capacity(len as usize);
     for part in parts.iter().flatten() {

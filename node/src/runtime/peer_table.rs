@@ -101,7 +101,9 @@ impl PeerTable {
         self.evals.iter().copied().collect()
     }
 
-    /// One row per peer connected or heard from, connected ones first.
+    /// One row per peer connected, heard from, or whose updates we applied
+    /// (a peer that left stays in the table with what it contributed),
+    /// connected ones first.
     pub(crate) fn rows(
         &self,
         engine: &Engine,
@@ -111,7 +113,8 @@ impl PeerTable {
     ) -> Vec<PeerStatus> {
         let members: BTreeMap<PeerId, _> =
             engine.peers().filter_map(|(id, info)| identity::peer_id(id).map(|p| (p, info))).collect();
-        let peers: BTreeSet<PeerId> = connected.iter().chain(members.keys()).copied().take(MAX_PEERS).collect();
+        let peers: BTreeSet<PeerId> =
+            connected.iter().chain(members.keys()).chain(self.applied.keys()).copied().take(MAX_PEERS).collect();
         let mut rows: Vec<PeerStatus> = peers
             .into_iter()
             .map(|p| {

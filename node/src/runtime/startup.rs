@@ -42,7 +42,7 @@ const STATE_ATTEMPTS: usize = 3;
 const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// Longest wait for a holder's state head (small): a peer that does not
 /// answer must not hold the join up for the whole request timeout.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a node could not get ready: `ragtag run` prints it and exits.
 #[derive(Debug, thiserror::Error)]
@@ -241,52 +241,33 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
         let head = tokio::time::timeout(HEAD_TIMEOUT, fetch::state_head(s.net, peer, run_id)).await;
         (peer, head.unwrap_or(Err(fetch::FetchError::TimedOut)))
     });
-    let mut by_shared: BTreeMap<Hash32, Vec<(PeerId, StateHead)>> = BTreeMap::new();
+    let mut by_shared: BTreeMap<(Hash32, u64), Vec<(PeerId, StateHead)>> = BTreeMap::new();
     for (peer, result) in futures::future::join_all(heads).await {
         match result {
-            Ok(head) => by_shared.entry(head.shared_hash).or_default().push((peer, head)),
+            Ok(head) => by_shared.entry((head.shared_hash, head.shared_len)).or_default().push((peer, head)),
             Err(e) => tracing::info!("no replica state from {peer}: {e}"),
         }
     }
+    let heads_served = !by_shared.is_empty();
+    // Every shared part at once (holders a batch apart hold different ones,
+    // and a holder keeps a snapshot only so long).
+    let groups = by_shared.into_values().map(|holders| shared_states(s, holders));
     let mut served: Vec<(PeerId, ReplicaState)> = Vec::new();
-    for holders in by_shared.into_values() {
-        let peers: Vec<PeerId> = holders.iter().map(|(p, _)| *p).collect();
-        let mut shown = 0;
-        let progress = |done: u64, total: u64| {
-            // A line at every quarter of the download.
-            let quarter = (done * 4 / total.max(1)) as usize;
-            if quarter > shown {
-                shown = quarter;
-                tracing::info!(
-                    "replica state: {:.1} of {:.1} MB ({}%) from {} peer(s)",
-                    done as f64 / 1e6,
-                    total as f64 / 1e6,
-                    done * 100 / total.max(1),
-                    peers.len()
-                );
-            }
-        };
-        let shared = match fetch::shared_state(s.net, &peers, run_id, &holders[0].1, progress).await {
-            Ok(shared) => shared,
-            Err(e) => {
-                tracing::info!("no replica state from {peers:?}: {e}");
-                continue;
-            }
-        };
-        let split: Vec<String> = peers.iter().zip(&shared.per_holder).map(|(p, n)| format!("{n} from {p}")).collect();
-        tracing::info!("replica state's shared part: chunks {}", split.join(", "));
-        for (peer, head) in holders {
-            match state_transfer::assemble(head, &shared.bytes)
-                .map_err(|e| e.to_string())
-                .and_then(|st| st.verify(&s.manifest.engine, s.initial.len()).map(|()| st).map_err(|e| e.to_string()))
-            {
-                Ok(state) => served.push((peer, state)),
+    for states in futures::future::join_all(groups).await {
+        for (peer, state) in states {
+            match state.verify(&s.manifest.engine, s.initial.len()) {
+                Ok(()) => served.push((peer, state)),
                 Err(e) => {
                     refuse("invalid");
                     tracing::warn!("replica state from {peer} refused: {e}");
                 }
             }
         }
+    }
+    if served.is_empty() && heads_served {
+        // Peers offered a state, but none could be put together: ask again.
+        tracing::info!("peers offered replica states, but none arrived whole");
+        return Err(trust::StateRefusal::Unvouched);
     }
     if served.is_empty() {
         return Ok(None);
@@ -322,6 +303,70 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
             Ok(Some(state))
         }
         Err(reason) => Err(reason),
+    }
+}
+
+/// The states of `holders`, whose heads name the same shared part: taken
+/// once, in chunks from all of them at once; if that fails (one of them
+/// served wrong bytes or none), from each alone, so one bad holder cannot
+/// spoil the others' state.
+async fn shared_states(s: &EngineSetup<'_>, holders: Vec<(PeerId, StateHead)>) -> Vec<(PeerId, ReplicaState)> {
+    let run_id = s.manifest.run_id();
+    let peers: Vec<PeerId> = holders.iter().map(|(p, _)| *p).collect();
+    let mut shown = 0;
+    let progress = |done: u64, total: u64| {
+        // A line at every quarter of the download.
+        let quarter = (done * 4 / total.max(1)) as usize;
+        if quarter > shown {
+            shown = quarter;
+            tracing::info!(
+                "replica state: {:.1} of {:.1} MB ({}%) from {} peer(s)",
+                done as f64 / 1e6,
+                total as f64 / 1e6,
+                done * 100 / total.max(1),
+                peers.len()
+            );
+        }
+    };
+    let shared = match fetch::shared_state(s.net, &peers, run_id, &holders[0].1, progress).await {
+        Ok(shared) => {
+            let split: Vec<String> =
+                peers.iter().zip(&shared.per_holder).map(|(p, n)| format!("{n} from {p}")).collect();
+            tracing::info!("replica state's shared part: chunks {}", split.join(", "));
+            Some(shared.bytes)
+        }
+        Err(e) if holders.len() > 1 => {
+            tracing::warn!("the shared state of {} peers did not arrive whole ({e}): asking each alone", peers.len());
+            None
+        }
+        Err(e) => {
+            tracing::info!("no replica state from {}: {e}", peers[0]);
+            return Vec::new();
+        }
+    };
+    if let Some(bytes) = shared {
+        return holders.into_iter().filter_map(|(peer, head)| assembled(peer, head, &bytes)).collect();
+    }
+    let alone = holders.into_iter().map(|(peer, head)| async move {
+        match fetch::shared_state(s.net, &[peer], run_id, &head, |_, _| {}).await {
+            Ok(shared) => assembled(peer, head, &shared.bytes),
+            Err(e) => {
+                tracing::warn!("no replica state from {peer}: {e}");
+                None
+            }
+        }
+    });
+    futures::future::join_all(alone).await.into_iter().flatten().collect()
+}
+
+/// `peer`'s state from its head and the shared bytes it names.
+fn assembled(peer: PeerId, head: StateHead, shared: &[u8]) -> Option<(PeerId, ReplicaState)> {
+    match state_transfer::assemble(head, shared) {
+        Ok(state) => Some((peer, state)),
+        Err(e) => {
+            tracing::warn!("replica state from {peer} refused: {e}");
+            None
+        }
     }
 }
 

@@ -165,7 +165,7 @@ impl Engine {
         e.install_replica(state);
         if barrier {
             // Take part from the round after the one in progress.
-            e.round = e.round.max(peer_round + 1);
+            e.round = e.round.max(peer_round.saturating_add(1));
         }
         e.first_round = e.round;
         e
