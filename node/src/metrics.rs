@@ -35,6 +35,13 @@ pub struct ConnectionLabel {
     pub connection: String,
 }
 
+/// What a node waits for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabel {
+    /// next_round, trainer_queue or training.
+    pub on: String,
+}
+
 /// An outcome label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
@@ -97,6 +104,10 @@ pub struct NodeMetrics {
     pub bytes_in_by_connection: Family<ConnectionLabel, Counter>,
     /// Hole punches by outcome (direct, failed).
     pub hole_punches: Family<OutcomeLabel, Counter>,
+    /// 1 for what the node waits for now, 0 for the rest.
+    pub waiting: Family<WaitLabel, Gauge>,
+    /// Seconds the local phase in training has run (0 when none is).
+    pub phase_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl NodeMetrics {
@@ -129,6 +140,8 @@ impl NodeMetrics {
             inner_lr_changes: Family::default(),
             bytes_in_by_connection: Family::default(),
             hole_punches: Family::default(),
+            waiting: Family::default(),
+            phase_seconds: Gauge::default(),
         };
         m.inner_lr_scale.set(1.0);
         let r = registry.sub_registry_with_prefix("ragtag");
@@ -181,6 +194,12 @@ impl NodeMetrics {
             "Bytes received (gossip, payloads) by how the sender was reached",
             m.bytes_in_by_connection.clone(),
         );
+        r.register(
+            "waiting",
+            "What the node waits for (1) now: next_round, trainer_queue, training",
+            m.waiting.clone(),
+        );
+        r.register("phase_seconds", "Seconds the local phase in training has run", m.phase_seconds.clone());
         r.register("hole_punches", "Hole punches (DCUtR) with relayed peers, by outcome", m.hole_punches.clone());
         m
     }

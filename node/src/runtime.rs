@@ -662,6 +662,11 @@ impl Node {
         self.metrics.utilisation.set(utilisation);
         self.metrics.speed.set(self.engine.speed() as f64);
         let state = self.phase.describe();
+        let (on, phase_s) = self.phase.waiting_on();
+        for w in phases::PhaseWatch::WAITS {
+            self.metrics.waiting.get_or_create(&crate::metrics::WaitLabel { on: w.into() }).set(i64::from(w == on));
+        }
+        self.metrics.phase_seconds.set(phase_s);
         if self.credit.is_none_or(|(_, at)| at.elapsed() >= CREDIT_EVERY) {
             let vouchers = match &self.opts.allow {
                 Some(allowed) => ragtag_protocol::ledger::Vouchers::Allowlist(allowed.clone()),

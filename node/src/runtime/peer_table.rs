@@ -69,13 +69,19 @@ impl PeerTable {
         }
     }
 
-    /// How the network reaches each connected peer now.
+    /// How the network reaches each connected peer now. A peer that left
+    /// keeps the kind of its last connection (its row says it is not
+    /// connected).
     pub(crate) fn connection_kinds(&mut self, kinds: &[(PeerId, &'static str)]) {
-        self.kinds = kinds.iter().copied().collect();
+        for &(peer, kind) in kinds {
+            if self.kinds.len() < MAX_PEERS || self.kinds.contains_key(&peer) {
+                self.kinds.insert(peer, kind);
+            }
+        }
     }
 
-    /// How the network reaches `peer` now ("unknown" before the first
-    /// refresh that saw it connected).
+    /// How the network reaches `peer` now, or reached it last ("unknown"
+    /// before the first refresh that saw it connected).
     pub(crate) fn connection_kind(&self, peer: &PeerId) -> &'static str {
         self.kinds.get(peer).copied().unwrap_or("unknown")
     }

@@ -94,6 +94,19 @@ impl PhaseWatch {
     }
 
     /// What the node is waiting for, in words (for `ragtag status`).
+    /// What the node waits for, as a metric label, and for how long the
+    /// phase in training has run (0 otherwise).
+    pub(crate) fn waiting_on(&self) -> (&'static str, f64) {
+        match &self.current {
+            None => ("next_round", 0.0),
+            Some(Watched { sent: None, .. }) => ("trainer_queue", 0.0),
+            Some(Watched { sent: Some(t), .. }) => ("training", t.elapsed().as_secs_f64()),
+        }
+    }
+
+    /// Every label [`PhaseWatch::waiting_on`] gives.
+    pub(crate) const WAITS: [&'static str; 3] = ["next_round", "trainer_queue", "training"];
+
     pub(crate) fn describe(&self) -> String {
         match &self.current {
             None => "waiting for the next round".into(),
@@ -136,6 +149,7 @@ mod tests {
         let mut w = PhaseWatch::default();
         w.start(phase(3), 10.0);
         assert!(w.unsent().is_some(), "not yet in the queue");
+        assert_eq!(w.waiting_on(), ("trainer_queue", 0.0));
         w.sent();
         assert!(w.unsent().is_none());
         w.failed(3, "out of memory");
@@ -157,8 +171,10 @@ mod tests {
         w.failed(1, "x");
         w.sent();
         assert!(w.describe().starts_with("training round 1"));
+        assert_eq!(w.waiting_on().0, "training");
         w.done(1);
         assert_eq!(w.describe(), "waiting for the next round");
+        assert_eq!(w.waiting_on(), ("next_round", 0.0));
         w.start(phase(2), 10.0);
         w.sent();
         w.failed(2, "x");
