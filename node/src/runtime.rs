@@ -8,6 +8,7 @@ mod inbound;
 mod outputs;
 mod peer_table;
 mod phases;
+mod settle;
 pub mod startup;
 mod startup_inbox;
 
@@ -49,20 +50,6 @@ const INTERNAL_CAPACITY: usize = 1024;
 /// How often the status recomputes our credit (it reads the whole ledger).
 const CREDIT_EVERY: Duration = Duration::from_secs(30);
 
-/// Longest wait at start-up for the bootstrap peers and the run's holders
-/// (a DHT lookup, then a connection to each).
-const SETTLE: Duration = Duration::from_secs(12);
-
-/// Start-up has found enough of the run: training peers, as many as the
-/// state is taken from, or every holder the DHT named once its lookup is
-/// over (none: we are the run's first node).
-fn settled(training: &BTreeSet<PeerId>, holders: Option<&[PeerId]>) -> bool {
-    let enough = match holders {
-        Some(h) => h.len().min(startup::MAX_STATE_SOURCES),
-        None => startup::MAX_STATE_SOURCES,
-    };
-    training.len() >= enough
-}
 /// Unreachable peers remembered for logging at most.
 const MAX_UNREACHABLE_LOGGED: usize = 1024;
 /// Distinct (peer, reason) pairs logged at most.
@@ -253,48 +240,10 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         }
     );
 
-    // Wait (bounded) for our addresses, the bootstrap connections and the
-    // peers that take part in the run: a public swarm's bootstrap node does
-    // not train, so the run's holders are looked up in the DHT (provider
-    // records) and dialed, and the state to join with comes from them. A
-    // peer that trains says so by subscribing to the run's topic.
-    let mut listen = Vec::new();
-    let mut connected = BTreeSet::new();
-    let mut training = BTreeSet::new();
-    let settle = tokio::time::sleep(if opts.net.bootstrap.is_empty() { Duration::from_millis(300) } else { SETTLE });
-    tokio::pin!(settle);
-    let want: BTreeSet<PeerId> = opts.net.bootstrap.iter().filter_map(net::peer_of).collect();
+    // Wait (bounded) for the bootstrap connections and the run's peers.
     let mut inbox = startup_inbox::StartupInbox::default();
-    let (holders_tx, mut holders_rx) = mpsc::channel(1);
-    let mut holders: Option<Vec<PeerId>> = None;
-    let mut lookup_started = false;
-    loop {
-        if !lookup_started && !want.is_empty() && want.is_subset(&connected) {
-            lookup_started = true;
-            let (client, tx) = (net.clone(), holders_tx.clone());
-            tokio::spawn(async move {
-                let _ = tx.send(crate::run_lookup::holders(&client, run_id).await).await;
-            });
-        }
-        if want.is_subset(&connected) && settled(&training, holders.as_deref()) {
-            break;
-        }
-        tokio::select! {
-            _ = &mut settle => break,
-            Some(found) = holders_rx.recv() => {
-                tracing::info!("the DHT names {} holder(s) of this run", found.len());
-                holders = Some(found);
-            }
-            Some(ev) = net_events.recv() => match ev {
-                net::Event::Listening(a) => listen.push(a),
-                net::Event::Connected(p) => { connected.insert(p); }
-                net::Event::Subscribed(p) => { training.insert(p); }
-                net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
-                other => inbox.take(&net, other).await,
-            }
-        }
-    }
-    if !want.is_empty() && connected.is_empty() {
+    let found = settle::settle(&net, &mut net_events, &opts.net.bootstrap, run_id, &mut inbox).await;
+    if found.no_bootstrap_reached {
         match opts.net.swarm_key {
             Some(psk) => tracing::warn!(
                 "could not complete a handshake with any bootstrap peer: in a private swarm this means a different \
@@ -306,22 +255,10 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
             ),
         }
     }
-    print_join_hint(&manifest, &listen);
+    print_join_hint(&manifest, &found.listen);
 
-    // The engine: resumed, joined or fresh. The state comes from peers that
-    // train, then the run's other holders; from anyone connected only when
-    // neither is known (a bootstrap node or a mere client serves none, and
-    // one that never answers would hold the join up).
+    // The engine: resumed, joined or fresh.
     let seed = manifest.seed ^ node_seed;
-    let mut peers: Vec<PeerId> = training.iter().copied().collect();
-    for p in holders.iter().flatten() {
-        if !peers.contains(p) {
-            peers.push(*p);
-        }
-    }
-    if peers.is_empty() {
-        peers = connected.iter().copied().collect();
-    }
     // Peers keep asking while we fetch: answer them, keep the rest.
     let (mut engine, origin) = {
         let setup = startup::engine(startup::EngineSetup {
@@ -331,7 +268,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
             initial: trainer.info.initial.clone(),
             speed: trainer.info.steps_per_s,
             seed,
-            peers,
+            peers: found.state_sources,
             net: &net,
             refused: &metrics.state_refused,
         });
@@ -379,9 +316,9 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         state_snapshots: VecDeque::new(),
         started: Instant::now(),
         busy_s: 0.0,
-        connected,
+        connected: found.connected,
         unreachable: BTreeSet::new(),
-        listen,
+        listen: found.listen,
         reachability: "unknown".into(),
         eval: None,
         last_checkpoint_round: 0,

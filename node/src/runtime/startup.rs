@@ -345,12 +345,15 @@ async fn shared_states(s: &EngineSetup<'_>, holders: Vec<(PeerId, StateHead)>) -
         }
     };
     if let Some(bytes) = shared {
-        return holders.into_iter().filter_map(|(peer, head)| assembled(peer, head, &bytes)).collect();
+        return holders.into_iter().filter_map(|(peer, head)| assembled(s, peer, head, &bytes)).collect();
     }
     let alone = holders.into_iter().map(|(peer, head)| async move {
         match fetch::shared_state(s.net, &[peer], run_id, &head, |_, _| {}).await {
-            Ok(shared) => assembled(peer, head, &shared.bytes),
+            Ok(shared) => assembled(s, peer, head, &shared.bytes),
             Err(e) => {
+                if matches!(e, fetch::FetchError::BadChunk | fetch::FetchError::State(_)) {
+                    s.refused.get_or_create(&ReasonLabel { reason: "invalid".into() }).inc();
+                }
                 tracing::warn!("no replica state from {peer}: {e}");
                 None
             }
@@ -359,11 +362,13 @@ async fn shared_states(s: &EngineSetup<'_>, holders: Vec<(PeerId, StateHead)>) -
     futures::future::join_all(alone).await.into_iter().flatten().collect()
 }
 
-/// `peer`'s state from its head and the shared bytes it names.
-fn assembled(peer: PeerId, head: StateHead, shared: &[u8]) -> Option<(PeerId, ReplicaState)> {
+/// `peer`'s state from its head and the shared bytes it names (a head that
+/// does not fit them is refused, counted as `invalid`).
+fn assembled(s: &EngineSetup<'_>, peer: PeerId, head: StateHead, shared: &[u8]) -> Option<(PeerId, ReplicaState)> {
     match state_transfer::assemble(head, shared) {
         Ok(state) => Some((peer, state)),
         Err(e) => {
+            s.refused.get_or_create(&ReasonLabel { reason: "invalid".into() }).inc();
             tracing::warn!("replica state from {peer} refused: {e}");
             None
         }
