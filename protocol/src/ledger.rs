@@ -8,7 +8,7 @@ mod summary;
 
 use serde::{Deserialize, Serialize};
 pub use store::{LedgerStore, MemoryLedger};
-pub use summary::{LedgerSummary, PeerCredit, Vouchers, summarize};
+pub use summary::{LedgerSummary, PeerCredit, VOUCHER_MIN_ACCEPTED, Vouchers, summarize};
 
 use crate::{
     identity::{self, Keypair, Signable, SignatureCheck, Signed},

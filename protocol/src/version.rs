@@ -162,6 +162,11 @@ impl AppliedSet {
         self.0.get(src).filter(|r| r.bits != 0).map(|r| r.max_round)
     }
 
+    /// How many of `src`'s updates within the window were applied.
+    pub fn recent_count(&self, src: &NodeId) -> u32 {
+        self.0.get(src).map_or(0, |r| r.bits.count_ones())
+    }
+
     /// Sources with an entry.
     pub fn sources(&self) -> usize {
         self.0.len()

@@ -16,7 +16,7 @@ use ragtag_protocol::{
     Keypair, Signed,
     chunks::Reassembly,
     codec::{Payload, encode},
-    engine::{ReplicaState, Strategy, anti_entropy::anchor_sketch, state_transfer},
+    engine::{ReplicaState, Strategy, anti_entropy::anchor_sketch, state_transfer, trust},
     ids::{Hash32, RunId, UpdateId},
     manifest::Manifest,
     wire::{Chunk, MAX_CHUNK_BYTES, Message, ReplicaDigest, StateRequest, UpdateAnnouncement},
@@ -113,7 +113,7 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
         let mut reg = prometheus_client::registry::Registry::default();
         let (client, mut events, _task) = net::spawn(cfg, &mut reg).unwrap();
         // Become a contributor: republish honest updates under our key until
-        // the honest node's digest lists one of ours as applied.
+        // the honest node's digest lists enough of ours as applied.
         let (mut listen, mut a_peer, mut round) = (None, None, 0u64);
         let a_id: libp2p::PeerId = net::peer_of(&addr_a.parse().unwrap()).unwrap();
         let contributed = tokio::time::timeout(T, async {
@@ -149,7 +149,7 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
                             sketch: Vec::new(),
                         };
                         if let Ok(Message::Digest(d)) = client.request(p, Message::Digest(probe)).await
-                            && d.applied.max_round(&key.node_id()).is_some()
+                            && d.applied.recent_count(&key.node_id()) >= trust::CONTRIBUTOR_MIN_UPDATES
                         {
                             return;
                         }

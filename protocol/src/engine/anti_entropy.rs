@@ -142,10 +142,10 @@ impl Engine {
         }
     }
 
-    /// Whether `peer` may be averaged with now: it has contributed updates
-    /// we applied, and we have not averaged yet this round.
+    /// Whether `peer` may be averaged with now: it has contributed enough
+    /// recent updates we applied, and we have not averaged yet this round.
     fn may_average_with(&self, peer: &NodeId) -> Result<(), StateRefusal> {
-        if self.applied.max_round(peer).is_none() {
+        if self.applied.recent_count(peer) < trust::CONTRIBUTOR_MIN_UPDATES {
             return Err(StateRefusal::NotContributor);
         }
         if self.last_average_round == Some(self.round) {
@@ -312,7 +312,7 @@ mod tests {
     fn anchors_average_only_over_the_sets_the_digests_matched() {
         let run = RunId(Hash32([7; 32]));
         let (me, peer) = (NodeId([3; 32]), NodeId([2; 32]));
-        let both = set(&[(3, 0), (2, 0)]);
+        let both = set(&[(3, 0), (2, 0), (2, 1), (2, 2)]);
         let engine_after_digest = || {
             let cfg = EngineConfig::preset(Strategy::Gopals);
             let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![1.0; 8], 1.0, 3);
@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(e.outer.count, 5, "the lower id's accumulation phase wins");
         // The peer applied one more update meanwhile: skipped.
         let mut e = engine_after_digest();
-        e.on_peer_anchor(peer, state(set(&[(3, 0), (2, 0), (2, 1)])));
+        e.on_peer_anchor(peer, state(set(&[(3, 0), (2, 0), (2, 1), (2, 2), (2, 3)])));
         assert_eq!(e.anchor(), &[1.0; 8]);
         // The peer served another replica than its digest described (a
         // cached snapshot, from another version): skipped.
@@ -372,11 +372,11 @@ mod tests {
         let (me, peer) = (NodeId([3; 32]), NodeId([2; 32]));
         let cfg = EngineConfig::preset(Strategy::Gopals);
         let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![1.0; 8], 1.0, 3);
-        e.applied = set(&[(3, 0), (2, 0), (2, 2)]);
+        e.applied = set(&[(3, 0), (2, 0), (2, 2), (2, 3)]);
         let digest = || ReplicaDigest {
             run_id: run,
             version: VersionVector::new(),
-            applied: set(&[(3, 0), (2, 0), (2, 1), (2, 2)]),
+            applied: set(&[(3, 0), (2, 0), (2, 1), (2, 2), (2, 3)]),
             sketch: vec![3.0; 8],
         };
         let outputs = |e: &mut Engine| std::iter::from_fn(|| e.poll_output()).collect::<Vec<_>>();
@@ -398,11 +398,11 @@ mod tests {
     }
 
     /// An engine whose replica moves 1 a round (when `movement` is set) and
-    /// has applied updates of nodes 2 and 4.
+    /// has applied three updates each of nodes 2 and 4 and two of node 5.
     fn engine_moving(movement: Option<f32>) -> Engine {
         let cfg = EngineConfig::preset(Strategy::Gopals);
         let mut e = Engine::new(cfg, NodeId([3; 32]), RunId(Hash32([7; 32])), Micros::ZERO, vec![1.0; 8], 1.0, 3);
-        e.applied = set(&[(3, 0), (2, 0), (4, 0)]);
+        e.applied = set(&[(3, 0), (2, 0), (2, 1), (2, 2), (4, 0), (4, 1), (4, 2), (5, 0), (5, 1)]);
         if let Some(m) = movement {
             e.movement.record(m);
         }
@@ -459,11 +459,14 @@ mod tests {
         let (e, out) = engine_offered(vec![1.5; 8], peer, None);
         assert_eq!(refusal(&out), Some(StateRefusal::NoBaseline));
         assert_eq!(e.anchor(), &[1.0; 8]);
-        // A peer none of whose updates we applied is not asked at all.
-        let (e, out) = engine_offered(vec![1.5; 8], NodeId([9; 32]), Some(1.0));
-        assert_eq!(refusal(&out), Some(StateRefusal::NotContributor));
-        assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
-        assert_eq!(e.anchor(), &[1.0; 8]);
+        // A peer none of whose updates we applied is not asked at all, nor
+        // one with fewer than CONTRIBUTOR_MIN_UPDATES of them (node 5: two).
+        for stranger in [NodeId([9; 32]), NodeId([5; 32])] {
+            let (e, out) = engine_offered(vec![1.5; 8], stranger, Some(1.0));
+            assert_eq!(refusal(&out), Some(StateRefusal::NotContributor));
+            assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
+            assert_eq!(e.anchor(), &[1.0; 8]);
+        }
     }
 
     /// The other side of a healed partition is far too, but it is many

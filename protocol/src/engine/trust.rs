@@ -22,6 +22,10 @@ use super::snapshot::ReplicaState;
 /// healed after 60 s lay up to 14 rounds apart in the simulator's partition
 /// scenario; a poisoned anchor in the adversary test lay 131 rounds away).
 pub const MAX_ANCHOR_DISTANCE_ROUNDS: f32 = 2.0;
+/// Updates of a peer we must have applied (within the applied window)
+/// before its state may touch ours: a fresh identity needs more than one
+/// accepted update to count, so each sybil must keep contributing work.
+pub const CONTRIBUTOR_MIN_UPDATES: u32 = 3;
 /// Most one average moves our anchor, in rounds of movement.
 pub const MAX_ANCHOR_STEP_ROUNDS: f32 = 0.5;
 /// Rounds of movement remembered.
@@ -39,9 +43,9 @@ pub const JOIN_MOMENTUM_AGREEMENT: f32 = 0.5;
 /// Why a peer's replica state was not used.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, thiserror::Error)]
 pub enum StateRefusal {
-    /// None of the peer's updates is in our replica: a fresh identity
-    /// vouches for nothing.
-    #[error("the peer has no update in our replica")]
+    /// Fewer than `CONTRIBUTOR_MIN_UPDATES` of the peer's recent updates
+    /// are in our replica: a fresh identity vouches for nothing.
+    #[error("fewer than {CONTRIBUTOR_MIN_UPDATES} of the peer's updates are in our replica")]
     NotContributor,
     /// We already averaged with someone this round.
     #[error("already averaged this round")]

@@ -3,9 +3,10 @@
 //! Credit measures useful work: the samples of a contribution times the
 //! weight the swarm applied it with (staleness included), counted only from
 //! receipts that name the contribution's payload hash and are signed by
-//! vouchers: in a private swarm the allowlist; in a public one, peers whose
-//! own updates this ledger's owner accepted (a fresh key has none). A
-//! peer's credit in our ledger is first-hand: our own receipts about it.
+//! vouchers: in a private swarm the allowlist; in a public one, peers at least
+//! `VOUCHER_MIN_ACCEPTED` of whose own updates this ledger's owner accepted
+//! (a fresh key has none). A peer's credit in our ledger is first-hand: our
+//! own receipts about it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,6 +14,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{ReceiptOutcome, RecordBody, RecordKind};
 use crate::ids::{Hash32, NodeId};
+
+/// Updates of a peer the ledger's owner must have accepted before the
+/// peer's receipts vouch (public swarms): each sybil must keep doing work
+/// that passes the update checks, not just once.
+pub const VOUCHER_MIN_ACCEPTED: u64 = 3;
 
 /// What one node is credited with, as seen from one ledger.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -100,7 +106,7 @@ pub fn summarize(own: &[RecordBody], foreign_receipts: &[RecordBody], k: u64, vo
     }
     let vouches = |signer: &NodeId| match vouchers {
         Vouchers::Allowlist(allowed) => allowed.contains(signer),
-        Vouchers::AcceptedByOwner => others.get(signer).is_some_and(|p| p.accepted > 0),
+        Vouchers::AcceptedByOwner => others.get(signer).is_some_and(|p| p.accepted >= VOUCHER_MIN_ACCEPTED),
     };
     // Per contribution: the weight each distinct voucher applied it with.
     let mut acceptors: BTreeMap<u64, BTreeMap<NodeId, f64>> = BTreeMap::new();
@@ -164,9 +170,15 @@ mod tests {
     }
 
     /// The owner's chain: contributions of 100 samples in rounds 0..4 (payload
-    /// hash `hash(round)`), and receipts accepting one update of each of
-    /// `accepted` (weight 0.5).
+    /// hash `hash(round)`), and receipts accepting `VOUCHER_MIN_ACCEPTED`
+    /// updates of each of `accepted` (40 samples, weight 0.5).
     fn own_chain(me: &Keypair, accepted: &[&Keypair]) -> Vec<RecordBody> {
+        let counted: Vec<(&Keypair, u64)> = accepted.iter().map(|p| (*p, VOUCHER_MIN_ACCEPTED)).collect();
+        own_chain_accepting(me, &counted)
+    }
+
+    /// `own_chain` with `n` accepted updates of each peer.
+    fn own_chain_accepting(me: &Keypair, accepted: &[(&Keypair, u64)]) -> Vec<RecordBody> {
         let mut w = LedgerWriter::new(me.clone(), RUN);
         let mut own: Vec<RecordBody> = (0..4)
             .map(|round| {
@@ -181,14 +193,18 @@ mod tests {
                 w.next(round, kind).open().unwrap()
             })
             .collect();
-        for (i, p) in accepted.iter().enumerate() {
-            let kind = RecordKind::Receipt {
-                update: UpdateId { src: p.node_id(), round: 0 },
-                payload_hash: Hash32::default(),
-                samples: 40,
-                outcome: ReceiptOutcome::Accepted { weight: 0.5, staleness: 1 },
-            };
-            own.push(w.next(10 + i as u64, kind).open().unwrap());
+        let mut at = 10;
+        for (p, n) in accepted {
+            for round in 0..*n {
+                let kind = RecordKind::Receipt {
+                    update: UpdateId { src: p.node_id(), round },
+                    payload_hash: Hash32::default(),
+                    samples: 40,
+                    outcome: ReceiptOutcome::Accepted { weight: 0.5, staleness: 1 },
+                };
+                own.push(w.next(at, kind).open().unwrap());
+                at += 1;
+            }
         }
         own
     }
@@ -214,8 +230,9 @@ mod tests {
         assert_eq!(s.me.receipts_from_distinct_peers, 2);
         assert_eq!(s.me.credit, 75.0);
         assert_eq!(summarize(&own, &foreign, 1, &Vouchers::AcceptedByOwner).me.credit, 175.0);
-        // Peers' credit is first-hand: our receipts, 40 samples x 0.5.
-        assert_eq!(s.peers.iter().map(|p| p.credit).collect::<Vec<_>>(), vec![20.0, 20.0]);
+        // Peers' credit is first-hand: our receipts, 40 samples x 0.5 each.
+        let per_peer = VOUCHER_MIN_ACCEPTED as f64 * 20.0;
+        assert_eq!(s.peers.iter().map(|p| p.credit).collect::<Vec<_>>(), vec![per_peer, per_peer]);
     }
 
     /// Ten freshly made keys countersign our contributions, and rounds we
@@ -245,6 +262,21 @@ mod tests {
         let verifier = own_chain(&Keypair::deterministic(3, 0), &[]);
         let s = summarize(&verifier, &foreign, 1, &Vouchers::AcceptedByOwner);
         assert!(s.peers.is_empty());
+    }
+
+    /// A key with one accepted update (cheap to make: one honest-looking
+    /// update) does not vouch yet; with `VOUCHER_MIN_ACCEPTED` it does.
+    #[test]
+    fn a_voucher_needs_several_accepted_updates() {
+        let me = Keypair::deterministic(5, 0);
+        let (newcomer, regular) = (Keypair::deterministic(5, 1), Keypair::deterministic(5, 2));
+        let own = own_chain_accepting(&me, &[(&newcomer, 1), (&regular, VOUCHER_MIN_ACCEPTED)]);
+        let foreign = vec![receipt(&newcomer, &me, 0, hash(0), 1.0), receipt(&regular, &me, 1, hash(1), 1.0)];
+        let s = summarize(&own, &foreign, 1, &Vouchers::AcceptedByOwner);
+        assert_eq!(s.me.credit, 100.0, "round 1's receipt only");
+        assert_eq!(s.me.receipts_from_distinct_peers, 1);
+        let own = own_chain_accepting(&me, &[(&newcomer, VOUCHER_MIN_ACCEPTED - 1), (&regular, 0)]);
+        assert_eq!(summarize(&own, &foreign, 1, &Vouchers::AcceptedByOwner).me.credit.to_string(), "0");
     }
 
     /// In a private swarm only the allowlist vouches: an outsider's receipt
