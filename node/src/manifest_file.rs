@@ -164,7 +164,14 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
             "h".to_string(),
             match r.overrides.h {
                 Some(h) => format!("{h}: chosen by the run's creator"),
-                None => format!("{}: the {} preset", engine.h, r.strategy.name()),
+                None if r.strategy == Strategy::Ddp => format!("{}: ddp steps on every gradient", engine.h),
+                None => format!(
+                    "{}: the {} preset. Fewer inner steps per round need fewer samples to a target (the char \
+                     transformer: 1.38x DDP's at H = 20, 1.75x at 50) for more bytes per sample (BENCHMARKS.md, \
+                     rounds of H = 20)",
+                    engine.h,
+                    r.strategy.name()
+                ),
             },
         ),
         (

@@ -75,6 +75,9 @@ pub struct Comparison {
     pub runs: Vec<RunSummary>,
 }
 
+/// Extra rates ddp's sweep may add above its top rate.
+const MAX_SWEEP_EXTENSIONS: usize = 2;
+
 fn mean(v: impl Iterator<Item = f64>) -> Option<f64> {
     let v: Vec<f64> = v.collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
@@ -96,7 +99,12 @@ pub fn compare(
         let mut first_seed = 0;
         if strategy == Strategy::Ddp {
             let mut best: Option<(f32, RunOutput)> = None;
-            for lr in scenario.ddp_sweep() {
+            let mut rates = scenario.ddp_sweep();
+            let max_rates = rates.len() + MAX_SWEEP_EXTENSIONS;
+            let mut i = 0;
+            while i < rates.len() {
+                let lr = rates[i];
+                i += 1;
                 if progress {
                     eprintln!("running ddp (lr {lr}) seed 0 on {}", scenario.name);
                 }
@@ -114,6 +122,14 @@ pub fn compare(
                 };
                 if better {
                     best = Some((lr, o));
+                }
+                // A best at the default sweep's top rate may not be ddp's
+                // best: go on up (x3, at most MAX_SWEEP_EXTENSIONS times)
+                // until a rate loses. A scenario's own list is swept as given.
+                let top = rates.iter().copied().fold(f32::MIN, f32::max);
+                let extend = scenario.ddp_lrs.is_empty() && i == rates.len() && rates.len() < max_rates;
+                if extend && best.as_ref().is_some_and(|(b, _)| *b == top) {
+                    rates.push(top * 3.0);
                 }
             }
             let (lr, o) = best.expect("the sweep has at least one rate");

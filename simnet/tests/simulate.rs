@@ -157,14 +157,18 @@ fn a_healed_partition_settles_under_the_anti_entropy_bound() {
 /// (speeds 1, 1, 2, 4) gopals gets 2% below the best held-out loss that its
 /// fastest node, training alone for the same virtual time, ever reaches; for
 /// every seed. The target comes from the control run itself, because the
-/// lone node's plateau differs between seeds (each seed draws its own
-/// teacher: 1.36, 1.36 and 1.27 here). The swarm's loss is the mean
-/// replica's; in tick mode the replicas are bit-identical here (consensus
-/// distance 0 at every sample), so it is every node's model.
+/// lone node's loss differs between seeds (each seed draws its own teacher:
+/// 1.40, 1.37 and 1.28 by 50 s here). The budget is 50 virtual s because by
+/// 150 s the lone node is near the task's floor too (1.285, 1.268, 1.183
+/// against the swarm's 1.267, 1.255, 1.166: `ragtag-simnet run --whole` on
+/// hetero-4x with 150 s, BENCHMARKS.md), and a target under a floor
+/// measures the floor. The swarm's loss is the mean replica's; in tick mode
+/// the replicas are bit-identical here (consensus distance 0 at every
+/// sample), so it is every node's model.
 #[test]
 fn a_swarm_reaches_a_target_its_fastest_node_alone_misses() {
     let mut swarm = Scenario::load("hetero-4x").unwrap();
-    swarm.duration_s = 150.0;
+    swarm.duration_s = 50.0;
     let mut alone = swarm.clone();
     let fastest = swarm.nodes.speeds.iter().copied().fold(0.0, f64::max);
     alone.nodes.speeds = vec![fastest];
@@ -178,7 +182,7 @@ fn a_swarm_reaches_a_target_its_fastest_node_alone_misses() {
         let s = run(&swarm, &o).unwrap();
         let reached = s.time_to_target_s.unwrap_or_else(|| {
             let best = s.series.iter().map(|x| x.loss).fold(f32::INFINITY, f32::min);
-            panic!("seed {seed}: the swarm's best {best} in 150 s is not 2% below the lone node's {best_alone}")
+            panic!("seed {seed}: the swarm's best {best} in 50 s is not 2% below the lone node's {best_alone}")
         });
         eprintln!("seed {seed}: alone best {best_alone:.3}; swarm at {:.3} after {reached:.0} s", swarm.target_loss);
     }

@@ -200,7 +200,9 @@ def worker(rank, args):
     steps, last_compute, paused = 0, 0.0, 0.0
     start = time.monotonic()
     next_eval, best, reached, recent = 0.0, float("inf"), None, []
-    stop = torch.zeros(1)
+    # [stop, progress]: rank 0's clock decides both, so every rank sets the
+    # same rate at the same step.
+    control = torch.zeros(2)
     while True:
         # The held-out loss, evaluated by rank 0 on the clock. The other
         # ranks wait for it at the next all-reduce, so DDP's clock ("now")
@@ -219,11 +221,17 @@ def worker(rank, args):
             # evaluations, so one lucky evaluation does not end the run.
             if reached is None and args.target is not None and len(recent) == 3 and sum(recent) / 3 <= args.target:
                 reached = now
-            stop[0] = 1.0 if (reached is not None or now >= args.duration) else 0.0
+            control[0] = 1.0 if (reached is not None or now >= args.duration) else 0.0
+        if rank == 0:
+            control[1] = min(1.0, now / args.duration)
         if steps % 20 == 0:
-            dist.broadcast(stop, src=0)
-            if stop[0] > 0:
+            dist.broadcast(control, src=0)
+            if control[0] > 0:
                 break
+            if args.schedule == "cosine":
+                # Cosine decay over the time budget, to zero at its end.
+                for group in opt.param_groups:
+                    group["lr"] = args.lr * 0.5 * (1.0 + math.cos(math.pi * float(control[1])))
         # Emulated hardware: stretch the step to the rank's pace.
         extra = max(last_compute * (slowdown - 1.0), floor - last_compute)
         if extra > 0:
@@ -256,6 +264,12 @@ def main():
     p.add_argument("--slowdowns", default="1,1,2,4", help="one per rank")
     p.add_argument("--step-times", default="", help="seconds per step floor, one per rank (optional)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--schedule",
+        default="constant",
+        choices=["constant", "cosine"],
+        help="the rate over the run: constant, or cosine decay over --duration",
+    )
     p.add_argument("--batch", type=int, default=64, help="per rank")
     p.add_argument("--beta1", type=float, default=0.9)
     p.add_argument("--beta2", type=float, default=0.999)

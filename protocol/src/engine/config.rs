@@ -64,6 +64,16 @@ impl std::fmt::Display for Strategy {
 /// when a round's pseudo-gradient points against it (cosine below this).
 pub const RESTART_BELOW: f32 = -0.5;
 
+/// The presets' reference inner steps per round (H). Local SGD's samples to
+/// a target grow with H (BENCHMARKS.md, "H and sample efficiency": H = 50
+/// needed 1.6x ddp's samples on the char transformer, H = 20 1.3x), and its
+/// bytes per sample fall with it; 20 is where the gains flattened.
+pub const DEFAULT_H: u32 = 20;
+
+/// The presets' fewest steps worth a round: a tenth of H, so a node at a
+/// quarter of the reference speed still trains every tick.
+pub const DEFAULT_H_MIN: u32 = 2;
+
 /// When a node starts its next round.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -302,8 +312,8 @@ impl EngineConfig {
             schedule: Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None },
             work: Work::ProportionalToSpeed,
             local: LocalMode::Train,
-            h: 50,
-            h_min: 5,
+            h: DEFAULT_H,
+            h_min: DEFAULT_H_MIN,
             staleness: StalenessConfig {
                 measure: StalenessMeasure::Tick,
                 weight: StalenessWeight::Polynomial { a: 0.5 },

@@ -199,6 +199,36 @@ fn torch_python(repo: &Path) -> Result<PathBuf, BenchError> {
     Ok(python)
 }
 
+/// DDP's learning rate over a run (`ddp_baseline.py --schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DdpSchedule {
+    /// The same rate throughout.
+    Constant,
+    /// Cosine decay to zero over the run's budget: what a DDP user who
+    /// knows the budget would run, and a rate that falls as ragtag's does.
+    Cosine,
+}
+
+impl DdpSchedule {
+    /// The script's name for it.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Self::Constant => "constant",
+            Self::Cosine => "cosine",
+        }
+    }
+}
+
+/// The DDP arm of a comparison: the rates to sweep on the first seed (the
+/// best is reused on the others) and the schedule every run uses.
+#[derive(Debug, Clone)]
+pub struct DdpPlan {
+    /// Rates swept on the first seed.
+    pub lrs: Vec<f64>,
+    /// The rate's schedule.
+    pub schedule: DdpSchedule,
+}
+
 /// How DDP is run: its rate, seed and target, the batch ragtag's manifest
 /// takes, and the ragtag node's held-out size.
 #[derive(Debug, Clone, Copy)]
@@ -213,6 +243,8 @@ pub struct DdpRun {
     pub batch: u32,
     /// Held-out examples (the same as a ragtag node's).
     pub eval_samples: u32,
+    /// The rate's schedule.
+    pub schedule: DdpSchedule,
 }
 
 /// PyTorch DDP with one rank per entry of the task's step times.
@@ -228,7 +260,7 @@ pub fn pytorch_ddp(repo: &Path, task: &Task, run: DdpRun, duration_s: f64) -> Re
         .args(["--eval-samples", &run.eval_samples.to_string(), "--duration", &duration_s.to_string()])
         // As often as a ragtag node evaluates: once a round.
         .args(["--eval-every", &(STEPS_PER_EVAL * task.step_times[0]).to_string()])
-        .args(["--target", &run.target.to_string()])
+        .args(["--target", &run.target.to_string(), "--schedule", run.schedule.arg()])
         .stderr(Stdio::inherit())
         .output()?;
     if !out.status.success() {
@@ -294,7 +326,7 @@ pub fn run_seed(
     task: &Task,
     seed: u64,
     duration_s: f64,
-    lrs: &[f64],
+    ddp_plan: &DdpPlan,
     out: &Path,
 ) -> Result<SeedResult, BenchError> {
     let out = out.join(format!("seed{seed}"));
@@ -313,12 +345,19 @@ pub fn run_seed(
     let swarm = ragtag_swarm(ragtag, &manifest_path, task, &task.step_times, duration_s, &out.join("swarm"))?;
     swarm.write_csv(&out.join("swarm.csv"))?;
     let mut ddp: Option<(f64, Curve)> = None;
-    let mut sweep = lrs.to_vec();
+    let mut sweep = ddp_plan.lrs.clone();
     let mut i = 0;
     while i < sweep.len() {
         let lr = sweep[i];
         eprintln!("{} seed {seed}: PyTorch DDP, lr {lr}", task.name);
-        let run = DdpRun { lr, seed, target, batch: m.training.batch_size, eval_samples: m.training.eval_samples };
+        let run = DdpRun {
+            lr,
+            seed,
+            target,
+            batch: m.training.batch_size,
+            eval_samples: m.training.eval_samples,
+            schedule: ddp_plan.schedule,
+        };
         let c = pytorch_ddp(repo, task, run, duration_s)?;
         c.write_csv(&out.join(format!("ddp-lr{lr}.csv")))?;
         if ddp.as_ref().is_none_or(|(_, b)| better(&c, b, target)) {
@@ -359,17 +398,17 @@ pub fn run(
     task: &Task,
     seeds: &[u64],
     duration_s: f64,
-    lrs: &[f64],
+    ddp_plan: &DdpPlan,
     out: &Path,
 ) -> Result<(Vec<Figure>, String), BenchError> {
     let out = out.join(task.name);
     let mut results: Vec<SeedResult> = Vec::new();
     for &seed in seeds {
-        let sweep = match results.first() {
-            Some(first) => vec![first.ddp_lr],
-            None => lrs.to_vec(),
+        let plan = match results.first() {
+            Some(first) => DdpPlan { lrs: vec![first.ddp_lr], ..ddp_plan.clone() },
+            None => ddp_plan.clone(),
         };
-        let r = run_seed(repo, ragtag, task, seed, duration_s, &sweep, &out)?;
+        let r = run_seed(repo, ragtag, task, seed, duration_s, &plan, &out)?;
         eprintln!("{}", seed_line(&r));
         results.push(r);
     }

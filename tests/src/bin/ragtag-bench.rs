@@ -55,6 +55,10 @@ struct Args {
     /// Seeds per versus-ddp task (default: 3 full, 1 quick).
     #[arg(long)]
     seeds: Option<u64>,
+    /// DDP's learning rate over a versus-ddp run: constant, or cosine
+    /// decay over the budget.
+    #[arg(long, value_enum, default_value = "constant")]
+    ddp_schedule: versus_ddp::DdpSchedule,
     /// The text task's file.
     #[arg(long, default_value = "../shared/data/shakespeare.txt")]
     text: PathBuf,
@@ -200,7 +204,8 @@ fn main() -> Result<()> {
         let ragtag = args.ragtag.clone().unwrap_or_else(|| repo.join("target/release/ragtag"));
         let ragtag = std::fs::canonicalize(&ragtag).unwrap_or(ragtag);
         let seconds = args.ddp_seconds.unwrap_or(if full { 200.0 } else { 120.0 });
-        let lrs: &[f64] = if full { &[3e-4, 1e-3, 3e-3] } else { &[1e-3] };
+        let lrs = if full { vec![3e-4, 1e-3, 3e-3] } else { vec![1e-3] };
+        let ddp_plan = versus_ddp::DdpPlan { lrs, schedule: args.ddp_schedule };
         let seeds: Vec<u64> = (0..args.seeds.unwrap_or(if full { 3 } else { 1 })).collect();
         let names: Vec<String> =
             args.tasks.clone().unwrap_or_else(|| suite::NAMES.iter().map(|n| n.to_string()).collect());
@@ -208,17 +213,19 @@ fn main() -> Result<()> {
         for name in &names {
             let task = suite::task(&repo, name, &text)?;
             let (f, per_seed) =
-                versus_ddp::run(&repo, &ragtag, &task, &seeds, seconds, lrs, &out_dir.join("versus-ddp"))?;
+                versus_ddp::run(&repo, &ragtag, &task, &seeds, seconds, &ddp_plan, &out_dir.join("versus-ddp"))?;
             section(
                 &format!("Real swarm vs PyTorch DDP: {}", task.name),
                 &format!(
-                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
+                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {} --ddp-schedule {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW at a {} rate, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
                     task.name,
                     seeds.len(),
+                    args.ddp_schedule.arg(),
                     task.describe,
                     task.swarm_new.join(" "),
                     task.step_times,
                     versus_ddp::TARGET_MARGIN,
+                    args.ddp_schedule.arg(),
                 ),
                 &f,
                 &mut md,
