@@ -166,8 +166,8 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
                 Some(h) => format!("{h}: chosen by the run's creator"),
                 None if r.strategy == Strategy::Ddp => format!("{}: ddp steps on every gradient", engine.h),
                 None => format!(
-                    "{}: the {} preset. Fewer inner steps per round need fewer samples to a target (the char \
-                     transformer: 1.38x DDP's at H = 20, 1.75x at 50) for more bytes per sample (BENCHMARKS.md, \
+                    "{}: the {} preset. Fewer inner steps per round needed fewer samples to a target (the \
+                     simulated char transformer: 1.38x ddp's at H = 20, 1.75x at 50) for more bytes per sample (BENCHMARKS.md, \
                      rounds of H = 20)",
                     engine.h,
                     r.strategy.name()

@@ -164,7 +164,8 @@ pub struct Scenario {
     #[serde(default)]
     pub shards: u32,
     /// ddp's learning rates to sweep in `compare` (empty: the inner rate
-    /// times 1/3, 1 and 3); the best is reported.
+    /// times 1/3, 1 and 3, then on up by 3x, at most twice, while the
+    /// largest wins); the best is reported.
     #[serde(default)]
     pub ddp_lrs: Vec<f32>,
     /// The data file of file-backed data (text, digits CSV, IDX); a relative

@@ -64,10 +64,11 @@ impl std::fmt::Display for Strategy {
 /// when a round's pseudo-gradient points against it (cosine below this).
 pub const RESTART_BELOW: f32 = -0.5;
 
-/// The presets' reference inner steps per round (H). Local SGD's samples to
-/// a target grow with H (BENCHMARKS.md, "H and sample efficiency": H = 50
-/// needed 1.6x ddp's samples on the char transformer, H = 20 1.3x), and its
-/// bytes per sample fall with it; 20 is where the gains flattened.
+/// The presets' reference inner steps per round (H). Shorter rounds took
+/// fewer samples to the simulator's char-transformer target (1.38x ddp's
+/// at H = 20, 1.75x at 50) for more bytes per sample; part of that gain is
+/// the plateau schedule, which counts rounds, lowering the rate sooner
+/// (BENCHMARKS.md, "rounds of H = 20", where teacher-digits loses by it).
 pub const DEFAULT_H: u32 = 20;
 
 /// The presets' fewest steps worth a round: a tenth of H, so a node at a
