@@ -108,6 +108,8 @@ pub struct NodeMetrics {
     pub waiting: Family<WaitLabel, Gauge>,
     /// Seconds the local phase in training has run (0 when none is).
     pub phase_seconds: Gauge<f64, AtomicU64>,
+    /// Seconds up but not training, by the engine's reason.
+    pub idle_seconds: Family<ReasonLabel, Counter<f64, AtomicU64>>,
 }
 
 impl NodeMetrics {
@@ -142,6 +144,7 @@ impl NodeMetrics {
             hole_punches: Family::default(),
             waiting: Family::default(),
             phase_seconds: Gauge::default(),
+            idle_seconds: Family::default(),
         };
         m.inner_lr_scale.set(1.0);
         let r = registry.sub_registry_with_prefix("ragtag");
@@ -200,8 +203,24 @@ impl NodeMetrics {
             m.waiting.clone(),
         );
         r.register("phase_seconds", "Seconds the local phase in training has run", m.phase_seconds.clone());
+        r.register(
+            "idle_seconds",
+            "Seconds up but not training, by reason (startup, barrier, exchange, tick_rest, short_tick)",
+            m.idle_seconds.clone(),
+        );
         r.register("hole_punches", "Hole punches (DCUtR) with relayed peers, by outcome", m.hole_punches.clone());
         m
+    }
+
+    /// Raises the idle counters to the engine's totals.
+    pub fn set_idle(&self, idle: &ragtag_protocol::engine::IdleTimes) {
+        for r in ragtag_protocol::engine::IdleReason::ALL {
+            let c = self.idle_seconds.get_or_create(&ReasonLabel { reason: r.name().to_string() });
+            let more = idle.get(r).as_secs_f64() - c.get();
+            if more > 0.0 {
+                c.inc_by(more);
+            }
+        }
     }
 
     /// Counts a rejection.

@@ -604,6 +604,8 @@ impl Node {
             self.metrics.waiting.get_or_create(&crate::metrics::WaitLabel { on: w.into() }).set(i64::from(w == on));
         }
         self.metrics.phase_seconds.set(phase_s);
+        let idle = self.engine.idle_at(now());
+        self.metrics.set_idle(&idle);
         if self.credit.is_none_or(|(_, at)| at.elapsed() >= CREDIT_EVERY) {
             let vouchers = match &self.opts.allow {
                 Some(allowed) => ragtag_protocol::ledger::Vouchers::Allowlist(allowed.clone()),
@@ -638,6 +640,7 @@ impl Node {
             eval_loss: self.eval.map(|e| e.loss),
             eval_accuracy: self.eval.map(|e| e.accuracy),
             utilisation,
+            idle_s: idle.seconds_by_name(),
             bytes_out: self.bytes_out,
             bytes_in: self.bytes_in,
             ledger_records: self.ledger_records,

@@ -104,6 +104,10 @@ pub struct Status {
     /// Hole punching (DCUtR) with peers reached through a relay.
     #[serde(default)]
     pub hole_punch: HolePunchStatus,
+    /// Seconds up but not training, by the engine's reason (startup,
+    /// barrier, exchange, tick_rest, short_tick).
+    #[serde(default)]
+    pub idle_s: BTreeMap<String, f64>,
 }
 
 /// What became of our attempts to replace relayed connections by direct ones.
@@ -145,6 +149,20 @@ pub struct PeerStatus {
 }
 
 impl Status {
+    /// The idle time as shares of the uptime, largest first ("none" when
+    /// nothing was idle or nothing measured).
+    pub fn idle_text(&self) -> String {
+        let mut v: Vec<(&String, f64)> = self
+            .idle_s
+            .iter()
+            .filter(|(_, s)| **s > 0.0 && self.uptime_s > 0.0)
+            .map(|(why, s)| (why, s / self.uptime_s))
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let parts: Vec<String> = v.iter().map(|(why, s)| format!("{why} {:.1}%", 100.0 * s)).collect();
+        if parts.is_empty() { "none".into() } else { parts.join(", ") }
+    }
+
     /// A few readable lines.
     pub fn render(&self) -> String {
         let loss = |v: Option<f32>| v.map_or_else(|| "-".into(), |v| format!("{v:.4}"));
@@ -157,7 +175,7 @@ impl Status {
             "ragtag {} — {}\n\
              node     {}\n\
              run      {} ({}, {})\n\
-             device   {} at {:.1} steps/s, utilisation {:.0}%\n\
+             device   {} at {:.1} steps/s, utilisation {:.0}% (idle: {})\n\
              network  {} peers connected, {} live nodes, {}, {} out / {} in\n\
              training round {}, {} outer rounds, {} updates applied, train loss {}, held-out loss {} (accuracy {}), inner lr x{}\n\
              rejected {}\n\
@@ -172,6 +190,7 @@ impl Status {
             self.device,
             self.speed,
             100.0 * self.utilisation,
+            self.idle_text(),
             self.connected_peers,
             self.live_nodes,
             self.reachability,
@@ -256,5 +275,16 @@ mod tests {
         assert_eq!(human_bytes(3 * 1024 * 1024), "3.0 MiB");
         let s = Status { run_id: "abcd".into(), ..Status::default() };
         assert!(s.render().contains("rejected none"));
+        assert!(s.render().contains("(idle: none)"));
+    }
+
+    #[test]
+    fn idle_time_reads_as_shares_of_the_uptime_largest_first() {
+        let idle_s = [("exchange", 5.0), ("tick_rest", 20.0), ("barrier", 0.0)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let s = Status { uptime_s: 100.0, idle_s, ..Status::default() };
+        assert_eq!(s.idle_text(), "tick_rest 20.0%, exchange 5.0%");
     }
 }

@@ -105,6 +105,7 @@ pub fn html(s: &Status) -> String {
     row(&mut out, "device", &s.device);
     row(&mut out, "speed", &format!("{:.1} inner steps/s", s.speed));
     row(&mut out, "utilisation", &format!("{:.0}%", 100.0 * s.utilisation));
+    row(&mut out, "idle, share of uptime", &s.idle_text());
     row(&mut out, "rounds", &format!("{} (training round {}, {} outer rounds)", s.rounds, s.round, s.outer_rounds));
     row(&mut out, "samples", &s.samples.to_string());
     row(&mut out, "updates applied", &s.applied.to_string());

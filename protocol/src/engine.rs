@@ -15,6 +15,7 @@
 
 pub mod anti_entropy;
 pub mod config;
+pub mod idle;
 pub mod inner_lr;
 mod io;
 pub mod membership;
@@ -36,6 +37,7 @@ pub use config::{
     AntiEntropyConfig, ConfigError, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind,
     PullConfig, Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
+pub use idle::{IdleReason, IdleTimes};
 pub use io::{EngineEvent, Input, LocalPhase, LocalResult, Output, Publication};
 use membership::{Membership, PeerInfo};
 use outer::OuterState;
@@ -154,6 +156,8 @@ pub struct EngineStats {
     pub samples: u64,
     /// Mean training loss of the last round.
     pub last_loss: f32,
+    /// Time up but not training, by reason.
+    pub idle: IdleTimes,
 }
 
 use serde::{Deserialize, Serialize};
@@ -215,6 +219,8 @@ pub struct Engine {
     last_probe_tick: Option<u64>,
     // Timers and outputs.
     wake_at: Option<Micros>,
+    /// The wait in progress, booked into `stats.idle`.
+    idle: idle::IdleClock,
     startup_until: Option<Micros>,
     next_heartbeat: Micros,
     heartbeat_seq: u64,
@@ -279,6 +285,7 @@ impl Engine {
             far_candidate: None,
             last_probe_tick: None,
             wake_at: None,
+            idle: idle::IdleClock::default(),
             startup_until: None,
             next_heartbeat: Micros::ZERO,
             heartbeat_seq: 0,
@@ -307,7 +314,7 @@ impl Engine {
             }
             Input::PeerDigest { from, digest } => self.on_peer_digest(from, digest),
             Input::PeerAnchor { from, state } => self.on_peer_anchor(from, *state),
-            Input::Leave => self.on_leave(),
+            Input::Leave => self.on_leave(now),
         }
         self.try_start_round(now);
     }
@@ -383,6 +390,17 @@ impl Engine {
     /// Counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Why this node is waiting instead of training (`None` while it
+    /// trains, or before it starts).
+    pub fn idle_reason(&self) -> Option<IdleReason> {
+        self.idle.reason()
+    }
+
+    /// Idle time by reason up to `now`, the wait in progress included.
+    pub fn idle_at(&self, now: Micros) -> IdleTimes {
+        self.idle.at(now, &self.stats.idle)
     }
 
     /// The inner learning rate's scale now (1 = the manifest's rate).
@@ -483,10 +501,11 @@ impl Engine {
         }
     }
 
-    fn on_leave(&mut self) {
+    fn on_leave(&mut self, now: Micros) {
         if matches!(self.phase, Phase::Stopped) {
             return;
         }
+        self.idle.leave(now, &mut self.stats.idle);
         self.phase = Phase::Stopped;
         let round = self.round;
         self.emit(Output::Record(RecordKind::Leave { round, reason: "clean shutdown".into() }));

@@ -2,13 +2,13 @@
 //! ideal (the time the swarm's aggregate compute needs for the samples
 //! that ddp needed).
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use ragtag_protocol::engine::Strategy;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    report::{RunSummary, loss_at_samples, secs},
+    report::{RunSummary, idle_text, loss_at_samples, secs},
     scenario::Scenario,
     sim::{RunOptions, RunOutput, SimError, run},
 };
@@ -38,6 +38,9 @@ pub struct StrategyRow {
     pub vs_ideal: Option<f64>,
     /// Mean utilisation per node.
     pub utilisation: f64,
+    /// Mean share of up time per idle reason, over seeds (empty: not measured).
+    #[serde(default)]
+    pub idle_share: BTreeMap<String, f64>,
     /// Bytes sent per sample processed.
     pub bytes_per_sample: f64,
     /// ddp's bytes per sample over this strategy's.
@@ -186,6 +189,7 @@ pub fn summarize(scenario: &Scenario, strategies: &[Strategy], seeds: u32, outpu
                 vs_ddp: time.zip(ddp_time).map(|(a, b)| a / b),
                 vs_ideal: time.zip(ideal_time_s).map(|(a, b)| a / b),
                 utilisation: mean(these.iter().map(|(r, _)| r.utilisation_mean)).unwrap_or(0.0),
+                idle_share: crate::report::idle_share(these.iter().flat_map(|(_, o)| o.nodes.iter())),
                 bytes_per_sample: bytes,
                 bytes_fewer_than_ddp: ddp_bytes.filter(|_| bytes > 0.0).map(|d| d / bytes),
                 final_loss: mean(these.iter().map(|(r, _)| r.final_loss as f64)).unwrap_or(f64::NAN) as f32,
@@ -258,6 +262,9 @@ pub fn table(c: &Comparison) -> String {
             r.loss_vs_ddp_at_equal_samples.map_or_else(|| "-".into(), |v| format!("{:+.1}%", 100.0 * v)),
             r.mean_staleness,
         );
+    }
+    for r in c.rows.iter().filter(|r| !r.idle_share.is_empty()) {
+        let _ = writeln!(out, "{} idle, share of up time: {}", r.strategy, idle_text(&r.idle_share));
     }
     out
 }

@@ -375,6 +375,10 @@ fn to_output(
                 bytes_sent: get("bytes_out").map_or_else(|| last.map_or(0, |x| x.bytes_out), |b| b as u64),
                 updates: get("rounds").map_or(r.rounds.len() as u64, |n| n as u64),
                 samples: get("samples").map_or_else(|| last.map_or(0, |x| x.samples), |n| n as u64),
+                idle_s: status
+                    .and_then(|s| s["idle_s"].as_object())
+                    .map(|o| o.iter().filter_map(|(k, v)| Some((k.clone(), v.as_f64()?))).collect())
+                    .unwrap_or_default(),
             }
         })
         .collect();

@@ -7,6 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use ragtag_protocol::engine::IdleReason;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -87,6 +88,10 @@ pub struct RunSummary {
     pub utilisation_mean: f64,
     /// Lowest node utilisation.
     pub utilisation_min: f64,
+    /// Mean share of up time each idle reason took, over the nodes that
+    /// measured it (empty: not measured).
+    #[serde(default)]
+    pub idle_share: BTreeMap<String, f64>,
     /// Applied updates by staleness (last bucket: 7+), all replicas.
     pub staleness_histogram: [u64; 8],
     /// Mean staleness.
@@ -179,6 +184,7 @@ impl RunSummary {
             bytes_per_sample: bytes_total as f64 / samples_total.max(1) as f64,
             utilisation_mean: alive.iter().map(|n| n.utilisation).sum::<f64>() / alive.len().max(1) as f64,
             utilisation_min: alive.iter().map(|n| n.utilisation).fold(1.0, f64::min),
+            idle_share: idle_share(alive.iter().map(|n| &n.node)),
             staleness_histogram: out.tally.staleness_histogram,
             mean_staleness: out.tally.mean_staleness(),
             // NaN where nothing was measured (f32::max skips NaN).
@@ -195,6 +201,28 @@ impl RunSummary {
             per_node,
         }
     }
+}
+
+/// The mean share of up time per idle reason over `nodes` that measured
+/// their idle time.
+pub fn idle_share<'a>(nodes: impl Iterator<Item = &'a NodeOutput>) -> BTreeMap<String, f64> {
+    let mut sum: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+    for n in nodes.filter(|n| n.alive_s > 0.0) {
+        for (why, s) in &n.idle_s {
+            let e = sum.entry(why.clone()).or_insert((0.0, 0));
+            e.0 += s / n.alive_s;
+            e.1 += 1;
+        }
+    }
+    sum.into_iter().map(|(why, (s, n))| (why, s / n as f64)).collect()
+}
+
+/// Idle shares as text, largest first, leaving out what took nothing.
+pub fn idle_text(share: &BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, &f64)> = share.iter().filter(|(_, s)| **s > 0.0).collect();
+    v.sort_by(|a, b| b.1.total_cmp(a.1));
+    let parts: Vec<String> = v.iter().map(|(why, s)| format!("{why} {:.1}%", 100.0 * *s)).collect();
+    if parts.is_empty() { "none".into() } else { parts.join(", ") }
 }
 
 fn create(dir: &Path, name: &str) -> Result<std::io::BufWriter<std::fs::File>, ReportError> {
@@ -215,7 +243,8 @@ pub fn write_csv(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     let mut nodes = create(dir, "nodes.csv")?;
     writeln!(
         nodes,
-        "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples"
+        "strategy,seed,node,speed,group,utilisation,busy_s,alive_s,bytes_sent,updates,update_rate,samples,{}",
+        IdleReason::ALL.map(|r| format!("idle_{}_s", r.name())).join(",")
     )?;
     let layered = runs.iter().any(|r| !r.layers.samples.is_empty() || !r.layers.group_samples.is_empty());
     for r in runs {
@@ -243,9 +272,14 @@ fn write_series(ts: &mut Csv, nodes: &mut Csv, r: &RunOutput) -> Result<(), Repo
     }
     for n in &r.nodes {
         let rate = if n.alive_s > 0.0 { n.updates as f64 / n.alive_s } else { 0.0 };
+        // Blank where the idle time was not measured.
+        let idle: Vec<String> = IdleReason::ALL
+            .iter()
+            .map(|r| n.idle_s.get(r.name()).map_or_else(String::new, |v| format!("{v:.3}")))
+            .collect();
         writeln!(
             nodes,
-            "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{}",
+            "{s},{},{},{},{},{:.5},{:.3},{:.3},{},{},{:.4},{},{}",
             r.seed,
             n.index,
             n.speed,
@@ -256,7 +290,8 @@ fn write_series(ts: &mut Csv, nodes: &mut Csv, r: &RunOutput) -> Result<(), Repo
             n.bytes_sent,
             n.updates,
             rate,
-            n.samples
+            n.samples,
+            idle.join(",")
         )?;
     }
     Ok(())
@@ -334,6 +369,9 @@ pub fn run_line(s: &RunSummary) -> String {
         s.mean_staleness,
         s.consensus_distance_final
     );
+    if !s.idle_share.is_empty() {
+        let _ = write!(out, ", idle {}", idle_text(&s.idle_share));
+    }
     if let Some(scale) = s.inner_lr_scale_min {
         let changes: Vec<String> = s.inner_lr_changes.iter().map(|(why, n)| format!("{n} {why}")).collect();
         let _ = write!(out, ", inner lr down to {scale} x ({} over all replicas)", changes.join(", "));

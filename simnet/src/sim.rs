@@ -491,6 +491,7 @@ impl<'a> Sim<'a> {
                     bytes_sent: self.network.bytes_sent[n.index],
                     updates: n.published,
                     samples: n.samples,
+                    idle_s: n.idle.seconds_by_name(),
                 }
             })
             .collect();

@@ -210,3 +210,32 @@ fn lowering_the_inner_rate_on_plateaus_beats_a_constant_rate() {
         assert!(p < c, "seed {seed}: the schedule ({p:.4}) is not below a constant rate ({c:.4})");
     }
 }
+
+/// The idle breakdown and the busy time account for every second a node
+/// is up, across crashes and rejoins too.
+#[test]
+fn busy_and_idle_time_add_up_to_the_up_time() {
+    for name in ["hetero-4x", "churn"] {
+        let mut s = Scenario::load(name).unwrap();
+        s.duration_s = 30.0;
+        for e in &mut s.events {
+            e.at_s = e.at_s.min(s.duration_s) * 0.5;
+        }
+        let out = run(&s, &opts(Strategy::Gopals)).unwrap();
+        for n in out.nodes.iter().filter(|n| n.alive_s > 0.0) {
+            let idle: f64 = n.idle_s.values().sum();
+            let gap = (n.busy_s + idle - n.alive_s).abs();
+            assert!(
+                gap < 1e-3 * n.alive_s.max(1.0),
+                "{name} node {}: busy {} + idle {idle} vs up {}",
+                n.index,
+                n.busy_s,
+                n.alive_s
+            );
+            assert!(n.idle_s["startup"] > 0.0, "{name} node {}: {:?}", n.index, n.idle_s);
+        }
+        let summary = RunSummary::new(&s, &out);
+        let shares: f64 = summary.idle_share.values().sum();
+        assert!((summary.utilisation_mean + shares - 1.0).abs() < 1e-3, "{name}: {summary:?}");
+    }
+}

@@ -1,8 +1,8 @@
 //! The status page in a real browser: a two-node swarm, headless Chromium
-//! loads the first node's page, the peer table lists the other node and
-//! the loss chart has points; a screenshot is saved under target/. Where no
-//! browser is installed the test says so and passes, except in CI
-//! (`CI=true`), which installs one and must run it.
+//! loads the first node's page, the peer table lists the other node, the
+//! loss chart has points and the idle time is broken down; a screenshot is
+//! saved under target/. Where no browser is installed the test says so and
+//! passes, except in CI (`CI=true`), which installs one and must run it.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -27,6 +27,17 @@ fn chromium(bin: &PathBuf, args: &[&str], url: &str) -> std::process::Output {
         .arg(url)
         .output()
         .expect("chromium runs")
+}
+
+/// The body of a plain HTTP/1.0 GET.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).expect("an answer");
+    buf
 }
 
 #[test]
@@ -56,6 +67,12 @@ fn the_status_page_shows_the_peer_and_the_loss_chart_in_a_browser() {
     let points: usize =
         dom.split("data-points=\"").nth(1).and_then(|s| s.split('"').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(points >= 3, "the chart has {points} points:\n{dom}");
+    // Where the idle time went: the page, the JSON status and /metrics.
+    assert!(dom.contains("idle, share of uptime"), "no idle row:\n{dom}");
+    let status = ragtag_tests::status_json(&metrics);
+    assert!(status["idle_s"]["startup"].as_f64().is_some_and(|s| s > 0.0), "{}", status["idle_s"]);
+    let text = http_get(&metrics, "/metrics");
+    assert!(text.contains("ragtag_idle_seconds_total{reason=\"startup\"}"), "{text}");
     let polyline = dom.split("<polyline").nth(1).expect("a loss line");
     assert!(polyline.split(" points=\"").nth(1).unwrap().split('"').next().unwrap().split(' ').count() >= 3);
 

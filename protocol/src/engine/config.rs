@@ -92,6 +92,11 @@ pub enum Schedule {
         margin: f32,
         /// A fixed tick period; `None` derives it as `H / v_ref`.
         period_ms: Option<u32>,
+        /// Overlap the exchange with compute: a round starts at its tick
+        /// without waiting for the last tick's updates, and each tick's
+        /// updates are applied one tick later, by every replica alike.
+        #[serde(default)]
+        overlap: bool,
     },
     /// Round r+1 starts when every live member's round-r update is applied.
     Barrier,
@@ -310,7 +315,7 @@ impl EngineConfig {
         };
         let base = EngineConfig {
             strategy,
-            schedule: Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None },
+            schedule: Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None, overlap: false },
             work: Work::ProportionalToSpeed,
             local: LocalMode::Train,
             h: DEFAULT_H,
@@ -510,6 +515,8 @@ pub struct EngineOverrides {
     pub margin: Option<f32>,
     /// Fixed tick period (tick mode).
     pub period_ms: Option<u32>,
+    /// Overlap the exchange with compute (tick mode).
+    pub overlap: Option<bool>,
     /// Pull probability.
     pub pull_p: Option<f32>,
     /// Pull strength.
@@ -581,10 +588,11 @@ impl EngineOverrides {
         {
             c.work = v;
         }
-        if let Schedule::Tick { grace, margin, period_ms } = &mut c.schedule {
+        if let Schedule::Tick { grace, margin, period_ms, overlap } = &mut c.schedule {
             *grace = self.grace.unwrap_or(*grace);
             *margin = self.margin.unwrap_or(*margin);
             *period_ms = self.period_ms.or(*period_ms);
+            *overlap = self.overlap.unwrap_or(*overlap);
         }
         if let Some(v) = self.pull_p {
             c.pull.p = v;

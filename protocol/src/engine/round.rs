@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{
     Engine, EngineEvent, LocalPhase, LocalResult, Output, Phase, Publication, Training,
     config::{LocalMode, Schedule, StalenessMeasure, Work},
+    idle::IdleReason,
     tick::TickClock,
 };
 use crate::{ids::Hash32, ids::UpdateId, ledger::RecordKind, time::Micros, wire::UpdateAnnouncement};
@@ -17,7 +18,11 @@ impl Engine {
     /// Starts the next round if the schedule allows it now; otherwise sets
     /// the wake-up time.
     pub(super) fn try_start_round(&mut self, now: Micros) {
-        if !matches!(self.phase, Phase::Waiting) || self.startup_until.is_some_and(|t| now < t) {
+        if !matches!(self.phase, Phase::Waiting) {
+            return;
+        }
+        if self.startup_until.is_some_and(|t| now < t) {
+            self.wait(now, IdleReason::Startup);
             return;
         }
         self.startup_until = None;
@@ -26,12 +31,13 @@ impl Engine {
             Schedule::FreeRunning => Some(self.proportional_steps()),
             Schedule::Barrier => {
                 if self.round > self.first_round && !self.barrier_complete(self.round - 1) {
+                    self.wait(now, IdleReason::Barrier);
                     return; // re-checked on every arrival and membership change
                 }
                 Some(self.proportional_steps())
             }
-            Schedule::Tick { grace, margin, period_ms } => {
-                let Some(steps) = self.tick_round_steps(now, grace, margin, period_ms) else {
+            Schedule::Tick { grace, margin, period_ms, overlap } => {
+                let Some(steps) = self.tick_round_steps(now, (grace, margin, period_ms), overlap) else {
                     return;
                 };
                 Some(steps)
@@ -66,7 +72,12 @@ impl Engine {
 
     /// Tick mode: the steps of a round starting now, or `None` after
     /// setting when to look again.
-    fn tick_round_steps(&mut self, now: Micros, grace: f32, margin: f32, period_ms: Option<u32>) -> Option<u32> {
+    fn tick_round_steps(
+        &mut self,
+        now: Micros,
+        (grace, margin, period_ms): (f32, f32, Option<u32>),
+        overlap: bool,
+    ) -> Option<u32> {
         if self.clock.is_none() {
             self.clock = Some(TickClock::new(self.t0, self.wanted_tick_period(period_ms)));
         }
@@ -76,11 +87,15 @@ impl Engine {
         if self.last_base_tick.is_some_and(|last| last >= k) {
             // Already trained in this tick: next tick.
             self.wake_at = Some(next);
+            self.wait(now, IdleReason::TickRest);
             return None;
         }
         let deadline = this_tick + Micros::from_secs_f64(period.as_secs_f64() * grace as f64);
-        if now < deadline && k > 0 && !self.tick_complete(k - 1) {
+        // Overlapped, the last tick's updates are applied a tick later:
+        // nothing to wait for.
+        if !overlap && now < deadline && k > 0 && !self.tick_complete(k - 1) {
             self.wake_at = Some(deadline);
+            self.wait(now, IdleReason::Exchange);
             return None;
         }
         let reserve = Micros::from_secs_f64(period.as_secs_f64() * margin as f64);
@@ -112,13 +127,24 @@ impl Engine {
             // Too little of this tick left to train: still absorb the last
             // tick's updates (once), so this replica keeps up while it waits.
             if self.last_batch_tick != Some(k) {
-                self.apply_pending(Some(k));
+                self.apply_pending(Some(self.batch_bound(k)));
                 self.last_batch_tick = Some(k);
             }
             self.wake_at = Some(next);
+            self.wait(now, IdleReason::ShortTick);
             return None;
         }
         Some(steps)
+    }
+
+    /// The batch a round of tick `k` starts from applies the ticks before
+    /// this one: `k`, or `k - 1` when the exchange overlaps compute (tick
+    /// `k - 1`'s updates are still arriving while tick `k` trains).
+    fn batch_bound(&self, k: u64) -> u64 {
+        match self.cfg.schedule {
+            Schedule::Tick { overlap: true, .. } => k.saturating_sub(1),
+            _ => k,
+        }
     }
 
     /// True when every live member we expect has delivered its update for
@@ -149,10 +175,16 @@ impl Engine {
         done(self.me) && self.membership.peers().all(|(id, info)| info.first_round > round || done(*id))
     }
 
+    /// Not training from `now`, for `reason`.
+    fn wait(&mut self, now: Micros, reason: IdleReason) {
+        self.idle.enter(now, reason, &mut self.stats.idle);
+    }
+
     fn start_round(&mut self, now: Micros, steps: u32) {
+        self.idle.leave(now, &mut self.stats.idle);
         let base_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
         let upto = match self.cfg.schedule {
-            Schedule::Tick { .. } => Some(base_tick),
+            Schedule::Tick { .. } => Some(self.batch_bound(base_tick)),
             Schedule::Barrier => Some(self.round),
             Schedule::FreeRunning => None,
         };

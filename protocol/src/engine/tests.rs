@@ -15,8 +15,10 @@ use proptest::prelude::{ProptestConfig, prop_assert, proptest};
 use super::*;
 use crate::{codec::CodecKind, identity::Keypair, ids::Hash32};
 
+mod idle;
 mod inner_lr;
 mod late_updates;
+mod overlap;
 
 const DIM: usize = 16;
 
@@ -346,7 +348,7 @@ fn tick_mode_with_unbounded_grace_equals_the_synchronous_result() {
     sync.outer.warmup_rounds = 0;
     sync.anti_entropy.every_rounds = 0;
     let mut tick = sync;
-    tick.schedule = Schedule::Tick { grace: 1e9, margin: 0.0, period_ms: Some(6_000) };
+    tick.schedule = Schedule::Tick { grace: 1e9, margin: 0.0, period_ms: Some(6_000), overlap: false };
     tick.staleness.measure = StalenessMeasure::Tick;
     // Equal speeds: every node's round fits one tick.
     let speeds = [1.0, 1.0, 1.0, 1.0];
@@ -630,7 +632,7 @@ fn a_resumed_node_takes_back_its_own_lost_updates() {
 #[test]
 fn a_starved_speed_estimate_still_trains_now_and_then() {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
-    cfg.schedule = Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000) };
+    cfg.schedule = Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000), overlap: false };
     let me = Keypair::deterministic(5, 0).node_id();
     // 1 step/s: 2 steps per 2 s tick, below h_min.
     let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 1.0, 1);

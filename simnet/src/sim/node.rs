@@ -4,7 +4,7 @@
 use ragtag_models::Trainer;
 use ragtag_protocol::{
     Keypair,
-    engine::{Engine, ReplicaState},
+    engine::{Engine, IdleTimes, ReplicaState},
     ids::{NodeId, RunId},
     manifest::Manifest,
     time::Micros,
@@ -41,6 +41,8 @@ pub(super) struct SimNode {
     pub(super) alive_s: f64,
     pub(super) published: u64,
     pub(super) samples: u64,
+    /// Idle time of the engines this node ran, settled when each closed.
+    pub(super) idle: IdleTimes,
     seed: u64,
     up_since: f64,
     phase_start: Option<f64>,
@@ -70,6 +72,7 @@ impl SimNode {
             alive_s: 0.0,
             published: 0,
             samples: 0,
+            idle: IdleTimes::default(),
             seed: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ index as u64,
             up_since: 0.0,
             phase_start: None,
@@ -121,11 +124,15 @@ impl SimNode {
         self.samples += samples;
     }
 
-    /// Settles accounting at `now` (end of run or going down).
+    /// Settles accounting at `now` (end of run or going down: once per
+    /// engine, which is dropped or the run ends right after).
     pub(super) fn close(&mut self, now: f64) {
         if self.state == NodeState::Up {
             self.alive_s += now - self.up_since;
             self.up_since = now;
+            if let Some(e) = &self.engine {
+                self.idle.merge(&e.idle_at(Micros::from_secs_f64(now)));
+            }
             if let Some(s) = self.phase_start.take() {
                 self.busy_s += now - s;
             }

@@ -1,5 +1,7 @@
 //! What a run produced.
 
+use std::collections::BTreeMap;
+
 use ragtag_protocol::engine::Strategy;
 
 use crate::measure::{LayerRecorder, Sample, Tally};
@@ -54,6 +56,10 @@ pub struct NodeOutput {
     pub updates: u64,
     /// Samples processed.
     pub samples: u64,
+    /// Seconds up but not computing, by reason (`IdleReason` names); empty
+    /// where not measured.
+    #[serde(default)]
+    pub idle_s: BTreeMap<String, f64>,
 }
 
 impl NodeOutput {
