@@ -177,10 +177,14 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         (
             "outer".to_string(),
             format!(
-                "{:?} eta {} beta {}, warm-up {} rounds: the {} preset",
+                "{:?} eta {} beta {}{}, warm-up {} rounds: the {} preset",
                 engine.outer.kind,
                 engine.outer.eta,
                 engine.outer.beta,
+                engine
+                    .outer
+                    .beta_early
+                    .map_or_else(String::new, |b| format!(" ({b} until the inner rate first falls)")),
                 engine.outer.warmup_rounds,
                 r.strategy.name()
             ),

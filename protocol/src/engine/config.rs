@@ -217,6 +217,13 @@ pub struct OuterConfig {
     /// delayed Nesterov only; `None` = off).
     #[serde(default)]
     pub restart_below: Option<f32>,
+    /// Momentum while the inner rate is still the manifest's (before the
+    /// first plateau lowers it); `beta` after (`None` = `beta` throughout).
+    /// Off in the presets: replicas whose rates differ (the two sides of a
+    /// healed partition) would step with different momenta, and
+    /// anti-entropy does not reconcile the rate.
+    #[serde(default)]
+    pub beta_early: Option<f32>,
 }
 
 /// Pseudo-synchronisation: with probability p an inner step pulls the
@@ -312,6 +319,7 @@ impl EngineConfig {
             clip: 0.0,
             warmup_rounds: 10,
             restart_below: None,
+            beta_early: None,
         };
         let base = EngineConfig {
             strategy,
@@ -392,6 +400,7 @@ impl EngineConfig {
                     clip: 1.0,
                     warmup_rounds: 0,
                     restart_below: None,
+                    beta_early: None,
                 },
                 anti_entropy: AntiEntropyConfig { every_rounds: 0, distance_threshold: 1e-3 },
                 codec: CodecKind::F32,
@@ -413,6 +422,11 @@ impl EngineConfig {
         }
         if !(0.0..1.0).contains(&self.outer.beta) {
             return Err(ConfigError::OuterBeta(self.outer.beta));
+        }
+        if let Some(b) = self.outer.beta_early
+            && !(0.0..1.0).contains(&b)
+        {
+            return Err(ConfigError::OuterBeta(b));
         }
         if !(0.0..1.0).contains(&self.pull.p) {
             return Err(ConfigError::PullP(self.pull.p));
@@ -490,6 +504,8 @@ pub struct EngineOverrides {
     pub eta: Option<f32>,
     /// Outer momentum.
     pub beta: Option<f32>,
+    /// Outer momentum before the inner rate's first decrease.
+    pub beta_early: Option<f32>,
     /// Outer warm-up rounds.
     pub warmup_rounds: Option<u32>,
     /// Adaptive momentum restart threshold (cosine); a negative value
@@ -559,6 +575,9 @@ impl EngineOverrides {
             }
             if let Some(v) = self.beta {
                 c.outer.beta = v;
+            }
+            if let Some(v) = self.beta_early {
+                c.outer.beta_early = Some(v);
             }
             if let Some(v) = self.outer {
                 c.outer.kind = v;

@@ -235,6 +235,7 @@ mod tests {
             clip: 0.0,
             warmup_rounds: 0,
             restart_below: None,
+            beta_early: None,
         }
     }
 

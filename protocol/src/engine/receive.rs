@@ -283,8 +283,14 @@ impl Engine {
     }
 
     fn close_outer_round(&mut self, n: u32) {
+        let mut outer = self.cfg.outer;
+        if let Some(b) = outer.beta_early
+            && self.inner_lr.scale >= 1.0
+        {
+            outer.beta = b;
+        }
         let anchor = Arc::make_mut(&mut self.anchor);
-        if self.outer.close_round(&self.cfg.outer, anchor, n) {
+        if self.outer.close_round(&outer, anchor, n) {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
             self.close_inner_lr_round();

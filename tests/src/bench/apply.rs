@@ -36,6 +36,7 @@ pub fn run(reps: usize) -> Vec<Figure> {
         clip: 0.0,
         warmup_rounds: 0,
         restart_below: None,
+        beta_early: None,
     };
     let mut out = Vec::new();
     let gb = PARAMS as f64 * 4.0 / 1e9;

@@ -77,3 +77,27 @@ fn one_peer_reporting_a_spike_moves_nothing() {
     assert!(e.outer.momentum.iter().any(|m| *m != 0.0));
     assert_eq!(e.replica_state().inner_lr.changes, 0);
 }
+
+/// `beta_early` is the outer momentum while the inner rate is the
+/// manifest's, and `beta` once a plateau lowered it.
+#[test]
+fn the_early_momentum_holds_until_the_inner_rate_first_falls() {
+    let speeds = [1.0, 1.0, 2.0, 4.0];
+    let run = |beta: f32, beta_early: Option<f32>, inner_lr| {
+        let mut cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+        (cfg.h, cfg.h_min, cfg.inner_lr) = (20, 2, inner_lr);
+        (cfg.outer.beta, cfg.outer.beta_early, cfg.outer.restart_below) = (beta, beta_early, None);
+        let mut h = Harness::new(cfg, &speeds, 7);
+        h.run_until(Micros::from_secs_f64(400.0));
+        h
+    };
+    // The rate never falls: beta_early acts throughout, bit for bit.
+    let early = run(0.9, Some(0.3), InnerLr::Constant);
+    let plain = run(0.3, None, InnerLr::Constant);
+    assert_eq!(early.engines[0].anchor(), plain.engines[0].anchor());
+    // Once it falls, beta takes over: the runs part.
+    let early = run(0.9, Some(0.3), InnerLr::PLATEAU);
+    let plain = run(0.3, None, InnerLr::PLATEAU);
+    assert!(early.engines[0].inner_lr_scale() < 1.0);
+    assert_ne!(early.engines[0].anchor(), plain.engines[0].anchor());
+}
