@@ -37,7 +37,7 @@ impl Engine {
                 Some(self.proportional_steps())
             }
             Schedule::Tick { grace, margin, period_ms, overlap } => {
-                let Some(steps) = self.tick_round_steps(now, (grace, margin, period_ms), overlap) else {
+                let Some(steps) = self.tick_round_steps(now, grace, margin, period_ms, overlap) else {
                     return;
                 };
                 Some(steps)
@@ -75,7 +75,9 @@ impl Engine {
     fn tick_round_steps(
         &mut self,
         now: Micros,
-        (grace, margin, period_ms): (f32, f32, Option<u32>),
+        grace: f32,
+        margin: f32,
+        period_ms: Option<u32>,
         overlap: bool,
     ) -> Option<u32> {
         if self.clock.is_none() {
