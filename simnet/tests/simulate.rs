@@ -132,11 +132,15 @@ fn compare_writes_the_table_json_csv_and_plots() {
 fn a_healed_partition_settles_under_the_anti_entropy_bound() {
     let mut s = Scenario::load("partition").unwrap();
     s.nodes.speeds = vec![1.0; 4];
-    // Pairwise averaging joins the two halves one exchange at a time; the
-    // last cross-half exchange depends on how rounds and digests interleave
-    // (about 72 s before the simulator cut rounds at the trainer's deadline,
-    // 86 s since), and from then on the replicas agree to ~1e-7.
-    s.duration_s = 100.0;
+    // Pairwise averaging joins the two halves one exchange at a time, each
+    // one-peer average moving the anchor at most a few rounds of its own
+    // movement. Under gopals' early outer momentum (0.7 until the inner
+    // rate falls) a round moves the anchor about a third as far as under
+    // 0.9, so the halves close in smaller steps: 3.1e-3 apart at 100 s,
+    // 3.9e-4 from 110 s on (under 0.9: ~1e-9 from 86 s). Once under the
+    // threshold they stop averaging, and the same batches keep the
+    // distance where it is (`ragtag-simnet run --whole` on this scenario).
+    s.duration_s = 130.0;
     s.target_loss = 0.0;
     for e in &mut s.events {
         e.at_s = if e.groups.is_empty() { 35.0 } else { 15.0 };

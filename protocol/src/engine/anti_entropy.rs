@@ -248,7 +248,8 @@ impl Engine {
         // again. So must the phase of the outer accumulation (which arrival
         // of the group of N comes next): after a partition the two sides
         // count differently and would step at different arrivals forever.
-        // The lower node id's phase wins, so the whole swarm ends on one.
+        // The lower node id's phase wins, so the whole swarm ends on one;
+        // likewise its inner-rate schedule, which the momentum can follow.
         if state.outer.fits(self.cfg.outer.kind, anchor.len()) {
             let momentum = trust::norm(&self.outer.momentum);
             trust::bounded_blend(&mut self.outer.momentum, &state.outer.momentum, 0.5, outer_bound(momentum));
@@ -258,6 +259,7 @@ impl Engine {
                 let buffer = anchor_bound.map(|_| momentum + trust::norm(&self.outer.buffer));
                 trust::bounded_blend(&mut self.outer.buffer, &state.outer.buffer, 1.0, buffer);
                 self.outer.count = state.outer.count.min(self.cfg.membership.max_peers);
+                self.inner_lr.adopt(&state.inner_lr, &self.cfg.inner_lr, anchor_bound.is_some());
             }
             // Bounded too: the count drives the warm-up and AdamW's bias
             // correction.
@@ -332,6 +334,7 @@ mod tests {
             let mut s = engine_after_digest().replica_state();
             s.anchor = vec![3.0; 8];
             s.outer.count = 5;
+            s.inner_lr.scale = 0.5;
             s.applied = applied;
             s
         };
@@ -341,10 +344,12 @@ mod tests {
         assert_eq!(e.anchor(), &[2.0; 8]);
         assert_eq!(e.stats().anchors_averaged, 1);
         assert_eq!(e.outer.count, 5, "the lower id's accumulation phase wins");
+        assert_eq!(e.inner_lr.scale, 0.5, "and its inner-rate schedule");
         // The peer applied one more update meanwhile: skipped.
         let mut e = engine_after_digest();
         e.on_peer_anchor(peer, state(set(&[(3, 0), (2, 0), (2, 1), (2, 2), (2, 3)])));
         assert_eq!(e.anchor(), &[1.0; 8]);
+        assert_eq!(e.inner_lr.scale, 1.0);
         // The peer served another replica than its digest described (a
         // cached snapshot, from another version): skipped.
         let mut e = engine_after_digest();

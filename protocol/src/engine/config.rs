@@ -64,6 +64,13 @@ impl std::fmt::Display for Strategy {
 /// when a round's pseudo-gradient points against it (cosine below this).
 pub const RESTART_BELOW: f32 = -0.5;
 
+/// Gopals' outer momentum until the inner rate first falls (0.9 after).
+/// Lower momentum early reached every simulator target sooner or as soon
+/// on every seed (cnn-digits 0.35x ddp's time at 0.83x its samples;
+/// BENCHMARKS.md, "outer momentum before and after the first plateau");
+/// 0.7 throughout never reached teacher-digits' target.
+pub const BETA_EARLY: f32 = 0.7;
+
 /// The presets' reference inner steps per round (H). Shorter rounds took
 /// fewer samples to the simulator's char-transformer target (1.38x ddp's
 /// at H = 20, 1.75x at 50) for more bytes per sample; part of that gain is
@@ -219,9 +226,9 @@ pub struct OuterConfig {
     pub restart_below: Option<f32>,
     /// Momentum while the inner rate is still the manifest's (before the
     /// first plateau lowers it); `beta` after (`None` = `beta` throughout).
-    /// Off in the presets: replicas whose rates differ (the two sides of a
-    /// healed partition) would step with different momenta, and
-    /// anti-entropy does not reconcile the rate.
+    /// Replicas whose rates fell at different times (the two sides of a
+    /// healed partition) step with different momenta until anti-entropy
+    /// hands them one schedule state.
     #[serde(default)]
     pub beta_early: Option<f32>,
 }
@@ -356,7 +363,8 @@ impl EngineConfig {
         };
         match strategy {
             Strategy::Gopals => {
-                EngineConfig { outer: OuterConfig { restart_below: Some(RESTART_BELOW), ..delayed }, ..base }
+                let outer = OuterConfig { restart_below: Some(RESTART_BELOW), beta_early: Some(BETA_EARLY), ..delayed };
+                EngineConfig { outer, ..base }
             }
             Strategy::GopalsAsync => EngineConfig {
                 schedule: Schedule::FreeRunning,

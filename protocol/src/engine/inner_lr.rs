@@ -264,6 +264,30 @@ impl InnerLrState {
         self.changes += 1;
     }
 
+    /// Takes a peer's schedule state in an anti-entropy average, so replicas
+    /// that lowered their rates at different times (the two sides of a
+    /// healed partition) go on from one state: the outer momentum can depend
+    /// on the rate (`beta_early`), and replicas with the same batches must
+    /// step alike. `bounded` (one peer's word) takes it only within one
+    /// `factor` of our scale: that peer cannot jump our rate to either end.
+    /// Returns whether it was taken.
+    pub fn adopt(&mut self, peer: &InnerLrState, schedule: &InnerLr, bounded: bool) -> bool {
+        if !peer.plausible(schedule) || *self == *peer {
+            return false;
+        }
+        if let InnerLr::Plateau { factor, .. } = *schedule
+            && bounded
+        {
+            let ratio = peer.scale / self.scale;
+            let slack = 1.0 + 1e-4;
+            if ratio * slack < factor || ratio > slack / factor {
+                return false;
+            }
+        }
+        *self = peer.clone();
+        true
+    }
+
     /// True when a peer's state is one this schedule could have reached:
     /// the scale in `[min_scale, 1]`, every loss finite and non-negative.
     pub fn plausible(&self, schedule: &InnerLr) -> bool {
@@ -397,6 +421,25 @@ mod tests {
         let s = InnerLrState { open: vec![(1.0, 0)], ..InnerLrState::default() };
         assert!(!s.plausible(&SCHEDULE));
         assert_eq!(robust_mean(&mut [(1.0, 0), (2.0, 0)], 2.0), None);
+    }
+
+    /// One peer's word moves our schedule at most one `factor` step; a
+    /// vouched state (unbounded) is taken whole; an implausible one never.
+    #[test]
+    fn a_peer_schedule_is_adopted_within_its_bounds() {
+        let at = |scale: f32| InnerLrState { scale, since_best: 7, ..InnerLrState::default() };
+        let mut s = InnerLrState::default();
+        assert!(s.adopt(&at(0.5), &SCHEDULE, true));
+        assert_eq!(s, at(0.5));
+        assert!(!s.adopt(&at(0.5), &SCHEDULE, true), "nothing to take");
+        assert!(s.adopt(&at(1.0), &SCHEDULE, true), "one step back up");
+        let mut s = InnerLrState::default();
+        assert!(!s.adopt(&at(0.25), &SCHEDULE, true), "two steps at one peer's word");
+        assert_eq!(s, InnerLrState::default());
+        assert!(s.adopt(&at(0.25), &SCHEDULE, false), "vouched");
+        assert_eq!(s.scale, 0.25);
+        assert!(!s.adopt(&at(0.1), &SCHEDULE, false), "below the floor");
+        assert!(!s.adopt(&at(0.5), &InnerLr::Constant, false), "a constant rate has one scale");
     }
 
     #[test]

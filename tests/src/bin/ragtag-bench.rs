@@ -55,6 +55,11 @@ struct Args {
     /// Seeds per versus-ddp task (default: 3 full, 1 quick).
     #[arg(long)]
     seeds: Option<u64>,
+    /// DDP's learning rates swept on a versus-ddp task's first seed, the
+    /// best reused on the others (default: 3e-4,1e-3,3e-3 full, 1e-3
+    /// quick). A sweep whose best is its largest rate goes on upwards.
+    #[arg(long, value_delimiter = ',')]
+    ddp_lrs: Option<Vec<f64>>,
     /// DDP's learning rate over a versus-ddp run: constant, or cosine
     /// decay over the budget.
     #[arg(long, value_enum, default_value = "constant")]
@@ -204,7 +209,8 @@ fn main() -> Result<()> {
         let ragtag = args.ragtag.clone().unwrap_or_else(|| repo.join("target/release/ragtag"));
         let ragtag = std::fs::canonicalize(&ragtag).unwrap_or(ragtag);
         let seconds = args.ddp_seconds.unwrap_or(if full { 200.0 } else { 120.0 });
-        let lrs = if full { vec![3e-4, 1e-3, 3e-3] } else { vec![1e-3] };
+        let lrs = args.ddp_lrs.clone().unwrap_or_else(|| if full { vec![3e-4, 1e-3, 3e-3] } else { vec![1e-3] });
+        anyhow::ensure!(!lrs.is_empty() && lrs.iter().all(|l| l.is_finite() && *l > 0.0), "--ddp-lrs: positive rates");
         let ddp_plan = versus_ddp::DdpPlan { lrs, schedule: args.ddp_schedule };
         let seeds: Vec<u64> = (0..args.seeds.unwrap_or(if full { 3 } else { 1 })).collect();
         let names: Vec<String> =
