@@ -65,10 +65,12 @@ impl std::fmt::Display for Strategy {
 pub const RESTART_BELOW: f32 = -0.5;
 
 /// Gopals' outer momentum until the inner rate first falls (0.9 after).
-/// Lower momentum early reached every simulator target sooner or as soon
-/// on every seed (cnn-digits 0.35x ddp's time at 0.83x its samples;
-/// BENCHMARKS.md, "outer momentum before and after the first plateau");
-/// 0.7 throughout never reached teacher-digits' target.
+/// It beat 0.9's mean time to target on all five simulator tasks and
+/// reached every target on every seed (cnn-digits 0.35x ddp's time at 0.83x
+/// its samples); 0.7 throughout never reached teacher-digits' target. Real
+/// swarms: teacher-digits and cnn-digits gained, char-shakespeare lost on
+/// its one seed (BENCHMARKS.md, "outer momentum before and after the first
+/// plateau", "with the early momentum").
 pub const BETA_EARLY: f32 = 0.7;
 
 /// The presets' reference inner steps per round (H). Shorter rounds took

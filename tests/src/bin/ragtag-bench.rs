@@ -55,6 +55,10 @@ struct Args {
     /// Seeds per versus-ddp task (default: 3 full, 1 quick).
     #[arg(long)]
     seeds: Option<u64>,
+    /// The first versus-ddp seed (seeds run from here up), to add seeds to
+    /// an earlier run without repeating it.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
     /// DDP's learning rates swept on a versus-ddp task's first seed, the
     /// best reused on the others (default: 3e-4,1e-3,3e-3 full, 1e-3
     /// quick). A sweep whose best is its largest rate goes on upwards.
@@ -212,7 +216,8 @@ fn main() -> Result<()> {
         let lrs = args.ddp_lrs.clone().unwrap_or_else(|| if full { vec![3e-4, 1e-3, 3e-3] } else { vec![1e-3] });
         anyhow::ensure!(!lrs.is_empty() && lrs.iter().all(|l| l.is_finite() && *l > 0.0), "--ddp-lrs: positive rates");
         let ddp_plan = versus_ddp::DdpPlan { lrs, schedule: args.ddp_schedule };
-        let seeds: Vec<u64> = (0..args.seeds.unwrap_or(if full { 3 } else { 1 })).collect();
+        let seeds: Vec<u64> =
+            (args.first_seed..args.first_seed + args.seeds.unwrap_or(if full { 3 } else { 1 })).collect();
         let names: Vec<String> =
             args.tasks.clone().unwrap_or_else(|| suite::NAMES.iter().map(|n| n.to_string()).collect());
         let text = std::fs::canonicalize(repo.join(&args.text)).unwrap_or_else(|_| args.text.clone());
@@ -223,9 +228,10 @@ fn main() -> Result<()> {
             section(
                 &format!("Real swarm vs PyTorch DDP: {}", task.name),
                 &format!(
-                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {} --ddp-schedule {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW at a {} rate, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
+                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {}{} --ddp-schedule {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW at a {} rate, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
                     task.name,
                     seeds.len(),
+                    if args.first_seed > 0 { format!(" --first-seed {}", args.first_seed) } else { String::new() },
                     args.ddp_schedule.arg(),
                     task.describe,
                     task.swarm_new.join(" "),
