@@ -174,9 +174,6 @@ impl Engine {
     }
 
     pub(super) fn on_peer_anchor(&mut self, from: NodeId, state: ReplicaState) {
-        if state.anchor.len() != self.anchor.len() || state.anchor.iter().any(|v| !v.is_finite()) {
-            return;
-        }
         // The digest that asked for this anchor is a round trip old: if
         // either side applied anything since, averaging would keep half of
         // those updates on one replica. Only average the sets the digests
@@ -184,6 +181,12 @@ impl Engine {
         let Some(fetch) = self.anchor_fetch.take_if(|f| f.peer == from) else {
             return;
         };
+        // Every part of it may reach our replica (the schedule too): the
+        // joiner's checks, with a reason.
+        if state.verify(&self.cfg, self.anchor.len()).is_err() {
+            self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::Invalid });
+            return;
+        }
         let mine = self.seen();
         let unchanged = mine.missing_from(&fetch.seen).is_empty() && fetch.seen.missing_from(&mine).is_empty();
         let same_replica = state.version == fetch.peer_version && state.applied.missing_from(&fetch.seen).is_empty();
@@ -363,6 +366,19 @@ mod tests {
         e.applied.insert(UpdateId { src: me, round: 1 });
         e.on_peer_anchor(peer, state(both.clone()));
         assert_eq!(e.anchor(), &[1.0; 8]);
+        // A schedule below the manifest's floor (a forged state): refused
+        // with its reason, nothing of it taken.
+        let mut e = engine_after_digest();
+        let mut forged = state(both.clone());
+        forged.inner_lr.scale = 1e-3;
+        e.on_peer_anchor(peer, forged);
+        assert_eq!(e.anchor(), &[1.0; 8]);
+        assert_eq!(e.inner_lr.scale, 1.0);
+        let out: Vec<_> = std::iter::from_fn(|| e.poll_output()).collect();
+        assert!(
+            out.iter()
+                .any(|o| matches!(o, Output::Event(EngineEvent::AnchorRefused { reason: StateRefusal::Invalid, .. })))
+        );
         // An anchor nobody asked for: ignored.
         let mut e = engine_after_digest();
         e.on_peer_anchor(NodeId([9; 32]), state(both.clone()));

@@ -62,6 +62,10 @@ pub enum StateRefusal {
     /// A joiner was served states that no second peer's state agrees with.
     #[error("no second peer served a state that agrees with it")]
     Unvouched,
+    /// The state fails the checks a joiner's does (`ReplicaState::verify`:
+    /// shape, finite values, an inner-rate schedule the manifest allows).
+    #[error("its state is not one this run could reach")]
+    Invalid,
 }
 
 impl StateRefusal {
@@ -73,6 +77,7 @@ impl StateRefusal {
             Self::NoBaseline => "no_baseline",
             Self::TooFar { .. } => "too_far",
             Self::Unvouched => "unvouched",
+            Self::Invalid => "invalid",
         }
     }
 }
