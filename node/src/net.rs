@@ -5,6 +5,7 @@
 
 mod behaviour;
 mod codec;
+mod connections;
 mod event_loop;
 mod score;
 mod transport;

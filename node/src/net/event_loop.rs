@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetError, NetInfo, NodeBehaviour,
-    NodeBehaviourEvent,
+    NodeBehaviourEvent, connections::Connections,
 };
 
 /// Inbound requests awaiting our response at most.
@@ -40,9 +40,6 @@ pub(crate) const PROVIDER_TTL: Duration = Duration::from_secs(600);
 
 /// Least time between two announcements prompted by new peers.
 const REANNOUNCE_MIN_GAP: Duration = Duration::from_secs(5);
-/// How long a relayed connection stays open after a hole punch replaced
-/// it, so requests under way on it finish.
-const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
 
 /// Our provider announcement: the key, when it last reached a peer, and
 /// when we last tried.
@@ -88,9 +85,7 @@ pub fn spawn(
         next_inbound: 0,
         penalties: BTreeMap::new(),
         listen: Vec::new(),
-        kinds: HashMap::new(),
-        relayed: HashMap::new(),
-        closing: Vec::new(),
+        connections: Connections::default(),
         providing: None,
         provider_queries: HashMap::new(),
     };
@@ -109,24 +104,6 @@ fn is_loopback(addr: &Multiaddr) -> bool {
         Protocol::Ip6(ip) => ip.is_loopback(),
         _ => false,
     })
-}
-
-/// How a connection reaches its peer: through a relay, over QUIC, or
-/// directly over TCP. An inbound relayed connection shows the circuit only
-/// in its local address (the remote one is just the peer's id).
-fn connection_kind(endpoint: &ConnectedPoint) -> &'static str {
-    let addrs: &[&Multiaddr] = match endpoint {
-        ConnectedPoint::Dialer { address, .. } => &[address],
-        ConnectedPoint::Listener { local_addr, send_back_addr } => &[local_addr, send_back_addr],
-    };
-    let has = |f: fn(&Protocol) -> bool| addrs.iter().any(|a| a.iter().any(|p| f(&p)));
-    if has(|p| matches!(p, Protocol::P2pCircuit)) {
-        "relayed"
-    } else if has(|p| matches!(p, Protocol::QuicV1)) {
-        "quic"
-    } else {
-        "direct"
-    }
 }
 
 /// Is this our AutoNAT server's dial-back to a peer we are already
@@ -148,13 +125,9 @@ struct EventLoop {
     next_inbound: u64,
     penalties: BTreeMap<PeerId, u32>,
     listen: Vec<Multiaddr>,
-    /// How each connected peer is reached (its latest connection).
-    kinds: HashMap<PeerId, &'static str>,
-    /// Open relayed connections, by peer: closed once a hole punch gives a
-    /// direct one (else gossip keeps using the relayed one).
-    relayed: HashMap<PeerId, Vec<libp2p::swarm::ConnectionId>>,
-    /// Relayed connections to close, and when.
-    closing: Vec<(Instant, libp2p::swarm::ConnectionId)>,
+    /// How each peer is reached; relayed connections to retire, hole
+    /// punches to offer again.
+    connections: Connections,
     providing: Option<Providing>,
     /// Provider lookups: who waits for them and what they found so far.
     provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
@@ -166,14 +139,7 @@ impl EventLoop {
         let mut housekeeping = tokio::time::interval(std::time::Duration::from_secs(2));
         loop {
             tokio::select! {
-                _ = housekeeping.tick(), if !self.closing.is_empty() => {
-                    let now = Instant::now();
-                    let (due, later): (Vec<_>, Vec<_>) = self.closing.drain(..).partition(|(at, _)| *at <= now);
-                    self.closing = later;
-                    for (_, id) in due {
-                        self.swarm.close_connection(id);
-                    }
-                }
+                _ = housekeeping.tick() => self.housekeeping(),
                 ev = self.swarm.select_next_some() => self.on_swarm_event(ev),
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Shutdown) | None => break,
@@ -185,6 +151,25 @@ impl EventLoop {
                         self.announce(false);
                     }
                 }
+            }
+        }
+    }
+
+    /// Closes relayed connections a direct one made redundant, and dials a
+    /// relayed-only peer's circuit again so it tries another hole punch.
+    fn housekeeping(&mut self) {
+        let due = self.connections.due(Instant::now());
+        for id in due.close {
+            self.swarm.close_connection(id);
+        }
+        for (peer, circuit, n) in due.redial {
+            tracing::info!("{peer} is reached only through a relay: new hole punch, attempt {n}");
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                .addresses(vec![circuit])
+                .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!("dialing {peer}'s circuit again: {e}");
             }
         }
     }
@@ -349,7 +334,7 @@ impl EventLoop {
                 let scores = connected.iter().filter_map(|p| gs.peer_score(p).map(|s| (*p, s))).collect();
                 let mesh = gs.mesh_peers(&self.topic.hash()).count();
                 let connections = self.swarm.network_info().connection_counters().num_established() as usize;
-                let kinds = connected.iter().filter_map(|p| self.kinds.get(p).map(|k| (*p, *k))).collect();
+                let kinds = connected.iter().filter_map(|p| self.connections.kind(p).map(|k| (*p, k))).collect();
                 let _ =
                     reply.send(NetInfo { connected, connections, listen: self.listen.clone(), scores, mesh, kinds });
             }
@@ -397,11 +382,7 @@ impl EventLoop {
                     self.swarm.close_connection(connection_id);
                     return;
                 }
-                let kind = connection_kind(&endpoint);
-                if kind == "relayed" {
-                    self.relayed.entry(peer_id).or_default().push(connection_id);
-                }
-                self.kinds.insert(peer_id, kind);
+                self.connections.established(peer_id, connection_id, &endpoint, Instant::now());
                 if num_established.get() == 1 {
                     // Ask the newcomer (and everyone) for peers right away,
                     // rather than at the next periodic bootstrap.
@@ -411,12 +392,8 @@ impl EventLoop {
                 }
             }
             SwarmEvent::ConnectionClosed { peer_id, connection_id, num_established, .. } => {
-                if let Some(ids) = self.relayed.get_mut(&peer_id) {
-                    ids.retain(|id| *id != connection_id);
-                }
+                self.connections.closed(peer_id, connection_id, Instant::now());
                 if num_established == 0 {
-                    self.relayed.remove(&peer_id);
-                    self.kinds.remove(&peer_id);
                     self.emit(Event::Disconnected(peer_id));
                 }
             }
@@ -489,18 +466,9 @@ impl EventLoop {
             }
             NodeBehaviourEvent::Ping(e) => self.metrics.record(&e),
             NodeBehaviourEvent::Dcutr(e) => {
+                // The direct connection's arrival retires the relayed ones
+                // (see `Connections`).
                 self.metrics.record(&e);
-                if e.result.is_ok() {
-                    // Traffic moves to the direct connection (a relay's
-                    // bandwidth is limited and shared): the relayed one is
-                    // closed once requests under way on it had time to end.
-                    let at = Instant::now() + RELAYED_CLOSE_GRACE;
-                    for id in self.relayed.remove(&e.remote_peer_id).unwrap_or_default() {
-                        if self.closing.len() < MAX_DIALED_PEERS * 4 {
-                            self.closing.push((at, id));
-                        }
-                    }
-                }
                 self.emit(Event::HolePunch {
                     peer: e.remote_peer_id,
                     error: e.result.err().map(|err| err.to_string()),
@@ -575,23 +543,6 @@ mod tests {
         let b: Multiaddr = "/ip4/10.1.2.3/tcp/1".parse().unwrap();
         assert!(!is_loopback(&b));
         assert!(peer_of(&b).is_none());
-    }
-
-    #[test]
-    fn connections_are_told_apart_by_how_they_reach_the_peer() {
-        let peer = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA";
-        let relay: Multiaddr = format!("/ip4/10.0.0.1/tcp/1/p2p/{peer}/p2p-circuit").parse().unwrap();
-        let dialer = |address: Multiaddr| ConnectedPoint::Dialer {
-            address,
-            role_override: Endpoint::Dialer,
-            port_use: PortUse::Reuse,
-        };
-        assert_eq!(connection_kind(&dialer(relay.clone().with(Protocol::P2p(peer.parse().unwrap())))), "relayed");
-        let inbound_circuit =
-            ConnectedPoint::Listener { local_addr: relay, send_back_addr: format!("/p2p/{peer}").parse().unwrap() };
-        assert_eq!(connection_kind(&inbound_circuit), "relayed", "the circuit is in the local address only");
-        assert_eq!(connection_kind(&dialer("/ip4/10.0.0.2/udp/1/quic-v1".parse().unwrap())), "quic");
-        assert_eq!(connection_kind(&dialer("/ip4/10.0.0.2/tcp/1".parse().unwrap())), "direct");
     }
 
     #[test]

@@ -1,0 +1,275 @@
+//! Which connections reach each peer, and what to do about relayed ones.
+//!
+//! A relay is a fallback: its bandwidth is limited and shared, and
+//! request-response spreads requests over every connection to a peer, so a
+//! relayed connection is closed once a direct one to the same peer is up,
+//! whichever came first. A peer reached only through a relay is offered
+//! another hole punch now and then: DCUtR runs when a relayed connection
+//! opens, on the side that accepted it, so the side that dialed the circuit
+//! dials it again.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use libp2p::{Multiaddr, PeerId, core::ConnectedPoint, multiaddr::Protocol, swarm::ConnectionId};
+
+/// How long a relayed connection stays open once it is redundant, so
+/// requests under way on it finish.
+pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// How long a peer is reached only through a relay before the first new
+/// hole punch; each further one waits twice as long.
+pub(crate) const PUNCH_RETRY_FIRST: Duration = Duration::from_secs(15);
+/// New hole punches offered to one peer at most, per spell of being
+/// relayed-only.
+pub(crate) const PUNCH_RETRIES: u32 = 4;
+
+/// How a connection reaches its peer, worst first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Relayed,
+    Quic,
+    Direct,
+}
+
+impl Kind {
+    /// An inbound relayed connection shows the circuit only in its local
+    /// address (the remote one is just the peer's id).
+    pub(crate) fn of(endpoint: &ConnectedPoint) -> Kind {
+        let addrs: &[&Multiaddr] = match endpoint {
+            ConnectedPoint::Dialer { address, .. } => &[address],
+            ConnectedPoint::Listener { local_addr, send_back_addr } => &[local_addr, send_back_addr],
+        };
+        let has = |f: fn(&Protocol) -> bool| addrs.iter().any(|a| a.iter().any(|p| f(&p)));
+        if has(|p| matches!(p, Protocol::P2pCircuit)) {
+            Kind::Relayed
+        } else if has(|p| matches!(p, Protocol::QuicV1)) {
+            Kind::Quic
+        } else {
+            Kind::Direct
+        }
+    }
+
+    /// The name status and metrics use.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Relayed => "relayed",
+            Kind::Quic => "quic",
+            Kind::Direct => "direct",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    id: ConnectionId,
+    kind: Kind,
+    /// When it is closed, once redundant.
+    close_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Peer {
+    conns: Vec<Conn>,
+    /// The relay circuit we dialed to reach the peer: dialing it again
+    /// makes the peer try another hole punch.
+    circuit: Option<Multiaddr>,
+    /// New hole punches offered in this relayed-only spell.
+    retries: u32,
+    next_retry: Option<Instant>,
+}
+
+impl Peer {
+    fn best(&self) -> Option<Kind> {
+        self.conns.iter().map(|c| c.kind).max()
+    }
+
+    /// Schedules what a new connection made redundant, and the next hole
+    /// punch while only relayed connections are left.
+    fn settle(&mut self, now: Instant) {
+        let at = now + RELAYED_CLOSE_GRACE;
+        if self.best().is_some_and(|k| k > Kind::Relayed) {
+            for c in self.conns.iter_mut().filter(|c| c.kind == Kind::Relayed && c.close_at.is_none()) {
+                c.close_at = Some(at);
+            }
+            self.retries = 0;
+            self.next_retry = None;
+            return;
+        }
+        // Relayed only: the newest connection carries the newest hole punch;
+        // older circuits are closed after the grace.
+        let newest = self.conns.last().map(|c| c.id);
+        for c in self.conns.iter_mut().filter(|c| Some(c.id) != newest && c.close_at.is_none()) {
+            c.close_at = Some(at);
+        }
+        if self.next_retry.is_none() && self.circuit.is_some() && self.retries < PUNCH_RETRIES {
+            self.next_retry = Some(now + PUNCH_RETRY_FIRST * 2u32.pow(self.retries));
+        }
+    }
+}
+
+/// What is due at a housekeeping tick.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Due {
+    /// Redundant relayed connections to close.
+    pub close: Vec<ConnectionId>,
+    /// Circuits to dial again (with `PeerCondition::Always`), so the peer
+    /// tries another hole punch; the retry number beside each.
+    pub redial: Vec<(PeerId, Multiaddr, u32)>,
+}
+
+/// Every established connection by peer (bounded by the swarm's own
+/// connections: an entry lives exactly as long as its connection).
+#[derive(Debug, Default)]
+pub(crate) struct Connections {
+    peers: HashMap<PeerId, Peer>,
+}
+
+impl Connections {
+    /// A connection to `peer` is up.
+    pub(crate) fn established(&mut self, peer: PeerId, id: ConnectionId, endpoint: &ConnectedPoint, now: Instant) {
+        let kind = Kind::of(endpoint);
+        let p = self.peers.entry(peer).or_default();
+        if let (Kind::Relayed, ConnectedPoint::Dialer { address, .. }) = (kind, endpoint) {
+            p.circuit = Some(address.clone());
+        }
+        p.conns.push(Conn { id, kind, close_at: None });
+        p.settle(now);
+    }
+
+    /// A connection to `peer` closed.
+    pub(crate) fn closed(&mut self, peer: PeerId, id: ConnectionId, now: Instant) {
+        let Some(p) = self.peers.get_mut(&peer) else { return };
+        p.conns.retain(|c| c.id != id);
+        if p.conns.is_empty() {
+            self.peers.remove(&peer);
+        } else {
+            p.settle(now);
+        }
+    }
+
+    /// How the network reaches `peer` now: its best open connection.
+    pub(crate) fn kind(&self, peer: &PeerId) -> Option<&'static str> {
+        self.peers.get(peer).and_then(Peer::best).map(Kind::as_str)
+    }
+
+    /// Takes what is due at `now`.
+    pub(crate) fn due(&mut self, now: Instant) -> Due {
+        let mut due = Due::default();
+        for (peer, p) in &mut self.peers {
+            for c in &mut p.conns {
+                if c.close_at.is_some_and(|t| t <= now) {
+                    c.close_at = None;
+                    due.close.push(c.id);
+                }
+            }
+            if let (Some(t), Some(circuit)) = (p.next_retry, &p.circuit)
+                && t <= now
+            {
+                p.retries += 1;
+                p.next_retry = (p.retries < PUNCH_RETRIES).then(|| now + PUNCH_RETRY_FIRST * 2u32.pow(p.retries));
+                due.redial.push((*peer, circuit.clone(), p.retries));
+            }
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use libp2p::core::{Endpoint, transport::PortUse};
+
+    use super::*;
+
+    const PEER: &str = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA";
+
+    fn circuit() -> Multiaddr {
+        format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit/p2p/{PEER}").parse().unwrap()
+    }
+
+    fn dialer(address: Multiaddr) -> ConnectedPoint {
+        ConnectedPoint::Dialer { address, role_override: Endpoint::Dialer, port_use: PortUse::Reuse }
+    }
+
+    fn direct() -> ConnectedPoint {
+        dialer("/ip4/10.0.0.2/tcp/1".parse().unwrap())
+    }
+
+    #[test]
+    fn connections_are_told_apart_by_how_they_reach_the_peer() {
+        let relay: Multiaddr = format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap();
+        assert_eq!(Kind::of(&dialer(circuit())), Kind::Relayed);
+        let inbound_circuit =
+            ConnectedPoint::Listener { local_addr: relay, send_back_addr: format!("/p2p/{PEER}").parse().unwrap() };
+        assert_eq!(Kind::of(&inbound_circuit), Kind::Relayed, "the circuit is in the local address only");
+        assert_eq!(Kind::of(&dialer("/ip4/10.0.0.2/udp/1/quic-v1".parse().unwrap())), Kind::Quic);
+        assert_eq!(Kind::of(&direct()), Kind::Direct);
+    }
+
+    /// The failure seen in CI: a relayed connection that opened after the
+    /// hole punch stayed for the whole run and the peer read "relayed".
+    #[test]
+    fn a_relayed_connection_after_a_direct_one_is_closed_and_the_peer_reads_direct() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let mut c = Connections::default();
+        c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
+        c.established(peer, ConnectionId::new_unchecked(2), &direct(), t0);
+        c.established(peer, ConnectionId::new_unchecked(3), &dialer(circuit()), t0 + Duration::from_secs(1));
+        assert_eq!(c.kind(&peer), Some("direct"));
+        assert_eq!(c.due(t0 + RELAYED_CLOSE_GRACE - Duration::from_millis(1)), Due::default(), "not before the grace");
+        let due = c.due(t0 + RELAYED_CLOSE_GRACE + Duration::from_secs(1));
+        assert_eq!(due.close, vec![ConnectionId::new_unchecked(1), ConnectionId::new_unchecked(3)]);
+        assert!(due.redial.is_empty(), "no new hole punch while a direct connection is up");
+        assert_eq!(c.due(t0 + Duration::from_secs(60)), Due::default(), "each is closed once");
+    }
+
+    #[test]
+    fn a_relayed_only_peer_is_offered_new_hole_punches_with_back_off_until_one_works() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let mut c = Connections::default();
+        c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
+        assert_eq!(c.kind(&peer), Some("relayed"));
+        assert!(c.due(t0 + PUNCH_RETRY_FIRST - Duration::from_millis(1)).redial.is_empty());
+        let due = c.due(t0 + PUNCH_RETRY_FIRST);
+        assert_eq!(due.redial, vec![(peer, circuit(), 1)]);
+        // The redial's circuit opens: the older one goes after the grace,
+        // the next retry waits twice as long.
+        let t1 = t0 + PUNCH_RETRY_FIRST;
+        c.established(peer, ConnectionId::new_unchecked(2), &dialer(circuit()), t1);
+        let due = c.due(t1 + RELAYED_CLOSE_GRACE);
+        assert_eq!(due.close, vec![ConnectionId::new_unchecked(1)]);
+        assert!(due.redial.is_empty());
+        assert_eq!(c.due(t1 + PUNCH_RETRY_FIRST * 2).redial, vec![(peer, circuit(), 2)]);
+        // This time the punch works: nothing more is retried, the circuit closes.
+        let t2 = t1 + PUNCH_RETRY_FIRST * 2;
+        c.established(peer, ConnectionId::new_unchecked(3), &direct(), t2);
+        c.closed(peer, ConnectionId::new_unchecked(1), t2);
+        let due = c.due(t2 + Duration::from_secs(600));
+        assert_eq!(due.close, vec![ConnectionId::new_unchecked(2)]);
+        assert!(due.redial.is_empty());
+        assert_eq!(c.kind(&peer), Some("direct"));
+    }
+
+    #[test]
+    fn retries_are_bounded_and_need_a_circuit_we_dialed() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let mut c = Connections::default();
+        let inbound = ConnectedPoint::Listener {
+            local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
+            send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
+        };
+        c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
+        assert!(c.due(t0 + Duration::from_secs(3600)).redial.is_empty(), "the dialing side retries, not us");
+        c.closed(peer, ConnectionId::new_unchecked(1), t0);
+        assert_eq!(c.kind(&peer), None, "a peer without connections is forgotten");
+        c.established(peer, ConnectionId::new_unchecked(2), &dialer(circuit()), t0);
+        let mut t = t0;
+        let mut redials = 0;
+        for _ in 0..100 {
+            t += Duration::from_secs(60);
+            redials += c.due(t).redial.len();
+        }
+        assert_eq!(redials as u32, PUNCH_RETRIES);
+    }
+}
