@@ -13,6 +13,9 @@ pub mod startup;
 mod startup_inbox;
 
 pub use error::RuntimeError;
+pub use fetch::{
+    FetchError, PAYLOAD_CHUNKS_IN_FLIGHT, payload as fetch_payload, payload_pipelined as fetch_payload_pipelined,
+};
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},

@@ -54,3 +54,81 @@ async fn a_reachability_probe_leaves_one_connection_per_peer() {
     assert_eq!(a.info().await.unwrap().connections, 1);
     assert_eq!(b.info().await.unwrap().connections, 1);
 }
+
+/// Starts a holder serving `bytes` as payload chunks; chunks further into
+/// the payload are answered sooner, so a fetch with several in flight gets
+/// them out of order. `tamper` may change the chunk at an offset.
+async fn holder(bytes: Vec<u8>, tamper: fn(&mut ragtag_protocol::wire::Chunk)) -> (libp2p::PeerId, libp2p::Multiaddr) {
+    use ragtag_protocol::{
+        ids::Hash32,
+        wire::{Chunk, Message},
+    };
+    let (server, mut events) = spawn(Vec::new());
+    let addr = loop {
+        match tokio::time::timeout(T, events.recv()).await.expect("holder listens").expect("network") {
+            net::Event::Listening(addr) => break addr,
+            _ => continue,
+        }
+    };
+    let hash = Hash32::of(&bytes);
+    let peer = server.local_peer_id();
+    tokio::spawn(async move {
+        while let Some(ev) = events.recv().await {
+            let net::Event::Request { id, message: Message::PayloadRequest(r), .. } = ev else { continue };
+            let start = (r.offset as usize).min(bytes.len());
+            let end = (start + r.max_len as usize).min(bytes.len());
+            let mut chunk =
+                Chunk { total_len: bytes.len() as u64, offset: r.offset, hash, bytes: bytes[start..end].to_vec() };
+            tamper(&mut chunk);
+            let (server, later) = (server.clone(), 200u64.saturating_sub(r.offset >> 14));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(later)).await;
+                let _ = server.respond(id, Message::PayloadChunk(chunk)).await;
+            });
+        }
+    });
+    (peer, addr)
+}
+
+async fn fetch(
+    bytes: &[u8],
+    tamper: fn(&mut ragtag_protocol::wire::Chunk),
+) -> Result<Vec<u8>, ragtag_node::runtime::FetchError> {
+    let (peer, addr) = holder(bytes.to_vec(), tamper).await;
+    let (client, mut events) = spawn(vec![addr]);
+    loop {
+        match tokio::time::timeout(T, events.recv()).await.expect("connects").expect("network") {
+            net::Event::Connected(p) if p == peer => break,
+            _ => continue,
+        }
+    }
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let id = ragtag_protocol::ids::UpdateId { src: ragtag_protocol::NodeId([1; 32]), round: 3 };
+    ragtag_node::runtime::fetch_payload(&client, peer, id, bytes.len() as u64).await
+}
+
+/// A payload of several chunks comes with several requests in flight,
+/// answered out of order, and is put together in order.
+#[tokio::test]
+async fn a_payload_of_several_chunks_arrives_whole_when_chunks_come_out_of_order() {
+    const { assert!(ragtag_node::runtime::PAYLOAD_CHUNKS_IN_FLIGHT > 1) };
+    let len = 3 * ragtag_protocol::wire::MAX_CHUNK_BYTES + 12_345;
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+    let got = fetch(&bytes, |_| {}).await.expect("the payload");
+    assert!(got == bytes, "the payload's bytes differ");
+}
+
+/// A chunk that does not fit the others fails the fetch, whichever order
+/// the chunks came in.
+#[tokio::test]
+async fn a_payload_with_an_inconsistent_chunk_is_refused() {
+    let len = 2 * ragtag_protocol::wire::MAX_CHUNK_BYTES + 7;
+    let bytes = vec![9u8; len];
+    let lie = |c: &mut ragtag_protocol::wire::Chunk| {
+        if c.offset > 0 {
+            c.total_len += 1;
+        }
+    };
+    let err = fetch(&bytes, lie).await.expect_err("an inconsistent chunk");
+    assert!(matches!(err, ragtag_node::runtime::FetchError::Chunks(_)), "{err}");
+}

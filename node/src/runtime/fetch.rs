@@ -25,7 +25,7 @@ pub(crate) const MAX_STATE_BYTES: u64 = 1 << 30;
 
 /// Why a fetch from a peer failed: the caller logs it or asks another peer.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum FetchError {
+pub enum FetchError {
     /// The request did not get an answer.
     #[error(transparent)]
     Net(#[from] NetError),
@@ -79,20 +79,58 @@ async fn fetch_chunked(
     }
 }
 
-/// A payload of `len` bytes from `peer`.
-pub(crate) async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) -> Result<Vec<u8>, FetchError> {
-    let (bytes, _) = fetch_chunked(
-        net,
-        peer,
-        len,
-        |offset, _| Message::PayloadRequest(PayloadRequest { id, offset, max_len: MAX_CHUNK_BYTES as u32 }),
-        |m| match m {
-            Message::PayloadChunk(c) => Ok(c),
-            other => Err(unexpected(&other)),
-        },
-    )
-    .await?;
-    Ok(bytes)
+/// Payload chunk requests in flight at once: the holder encodes and
+/// encrypts the next chunk while we decrypt this one, and a long path's
+/// round trip is paid once per window rather than once per chunk.
+pub const PAYLOAD_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// A payload of `len` bytes (as announced) from `peer`, with
+/// [`PAYLOAD_CHUNKS_IN_FLIGHT`] chunk requests in flight.
+pub async fn payload(net: &Client, peer: PeerId, id: UpdateId, len: u64) -> Result<Vec<u8>, FetchError> {
+    payload_pipelined(net, peer, id, len, PAYLOAD_CHUNKS_IN_FLIGHT).await
+}
+
+/// [`payload`] with `in_flight` chunk requests at once (at least one); the
+/// chunks are checked in order as they complete (an out-of-order one waits,
+/// at most `in_flight` of them).
+pub async fn payload_pipelined(
+    net: &Client,
+    peer: PeerId,
+    id: UpdateId,
+    len: u64,
+    in_flight: usize,
+) -> Result<Vec<u8>, FetchError> {
+    let chunk = MAX_CHUNK_BYTES as u64;
+    let n = len.div_ceil(chunk).max(1);
+    let ask = |i: u64| async move {
+        let request = PayloadRequest { id, offset: i * chunk, max_len: MAX_CHUNK_BYTES as u32 };
+        (i, net.request(peer, Message::PayloadRequest(request)).await)
+    };
+    let mut object = Reassembly::new(len);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    let mut arrived = std::collections::BTreeMap::new();
+    let (mut next, mut pushed) = (0u64, 0u64);
+    loop {
+        while next < n && pending.len() < in_flight.max(1) {
+            pending.push(ask(next));
+            next += 1;
+        }
+        let Some((i, answer)) = futures::StreamExt::next(&mut pending).await else {
+            // Every chunk the length allows was pushed and the object is
+            // still short: the holder's chunks do not add up to it.
+            return Err(ChunkError::Stalled.into());
+        };
+        match answer? {
+            Message::PayloadChunk(c) => arrived.insert(i, c),
+            other => return Err(unexpected(&other)),
+        };
+        while let Some(c) = arrived.remove(&pushed) {
+            pushed += 1;
+            if let Some((bytes, _)) = object.push(c)? {
+                return Ok(bytes);
+            }
+        }
+    }
 }
 
 /// A peer's replica state, head and shared part both from it (the caller

@@ -1,13 +1,14 @@
-//! Payload transfer over libp2p on loopback (request-response in 1 MiB
-//! chunks, as nodes fetch payloads) against a raw TCP transfer of the same
-//! bytes in the same run.
+//! Payload transfer over libp2p on loopback (the node's own payload fetch:
+//! request-response in 1 MiB chunks, several in flight) against a raw TCP
+//! transfer of the same bytes in the same run, and against the same fetch
+//! with one chunk in flight (how nodes fetched before).
 
 use std::time::Instant;
 
 use ragtag_node::{identity, net};
 use ragtag_protocol::{
     ids::{Hash32, UpdateId},
-    wire::{Chunk, MAX_CHUNK_BYTES, Message, PayloadRequest},
+    wire::{Chunk, Message},
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -18,7 +19,9 @@ fn config(name: &str) -> net::Config {
     net::Config::loopback_client(keypair, &format!("ragtag/bench/{name}"), Vec::new(), None)
 }
 
-async fn libp2p_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
+/// Median seconds to fetch `bytes` with the node's payload fetch, for each
+/// of `in_flight` (chunk requests at once), over one connection.
+async fn libp2p_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize, in_flight: &[usize]) -> Vec<f64> {
     let mut reg = prometheus_client::registry::Registry::default();
     let (server, mut server_events, _t1) = net::spawn(config("server"), &mut reg).expect("server");
     let addr = loop {
@@ -54,21 +57,20 @@ async fn libp2p_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
     }
     let peer = server.local_peer_id();
     let id = UpdateId { src: ragtag_protocol::NodeId([0; 32]), round: 0 };
-    let mut times = Vec::new();
-    for _ in 0..reps {
-        let t = Instant::now();
-        let mut got = 0usize;
-        while got < bytes.len() {
-            let req =
-                Message::PayloadRequest(PayloadRequest { id, offset: got as u64, max_len: MAX_CHUNK_BYTES as u32 });
-            match client.request(peer, req).await {
-                Ok(Message::PayloadChunk(c)) => got += c.bytes.len(),
-                other => panic!("unexpected {other:?}"),
-            }
+    let mut medians = Vec::new();
+    for &k in in_flight {
+        let mut times = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            let got = ragtag_node::runtime::fetch_payload_pipelined(&client, peer, id, bytes.len() as u64, k)
+                .await
+                .expect("payload fetch");
+            assert_eq!(got.len(), bytes.len());
+            times.push(t.elapsed().as_secs_f64());
         }
-        times.push(t.elapsed().as_secs_f64());
+        medians.push(median(times.into_iter()));
     }
-    median(times.into_iter())
+    medians
 }
 
 async fn tcp_transfer(bytes: std::sync::Arc<Vec<u8>>, reps: usize) -> f64 {
@@ -100,16 +102,24 @@ pub fn run(mib: usize, reps: usize) -> Vec<Figure> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let bytes = std::sync::Arc::new(vec![7u8; mib << 20]);
     let tcp = rt.block_on(tcp_transfer(bytes.clone(), reps));
-    let lp = rt.block_on(libp2p_transfer(bytes.clone(), reps));
+    let k = ragtag_node::runtime::PAYLOAD_CHUNKS_IN_FLIGHT;
+    let lp = rt.block_on(libp2p_transfer(bytes.clone(), reps, &[1, k]));
     let mb = (mib << 20) as f64 / 1e6;
-    vec![
-        Figure::new("transfer", &format!("raw TCP, {mib} MiB on loopback (baseline)"), mb / tcp, "MB/s"),
+    let fetch = |in_flight: usize, secs: f64| {
         Figure::new(
             "transfer",
-            &format!("libp2p request-response (noise + yamux), {mib} MiB in 1 MiB chunks"),
-            mb / lp,
+            &format!(
+                "libp2p request-response (noise + yamux), {mib} MiB in 1 MiB chunks, {in_flight} in flight{}",
+                if in_flight == k { " (the node's fetch)" } else { "" }
+            ),
+            mb / secs,
             "MB/s",
         )
-        .with_ratio(tcp / lp, "x raw TCP throughput"),
+        .with_ratio(tcp / secs, "x raw TCP throughput")
+    };
+    vec![
+        Figure::new("transfer", &format!("raw TCP, {mib} MiB on loopback (baseline)"), mb / tcp, "MB/s"),
+        fetch(1, lp[0]),
+        fetch(k, lp[1]),
     ]
 }
