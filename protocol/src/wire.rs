@@ -305,6 +305,16 @@ impl MessageKind {
         Self::ALL.get(b as usize).copied()
     }
 
+    /// The kind an encoded message declares in its first two bytes
+    /// (version, kind), when both are ours: a reader can size its buffer
+    /// and its limit before the rest arrives.
+    pub fn of_encoded(head: &[u8]) -> Option<Self> {
+        match head {
+            [WIRE_VERSION, kind, ..] => Self::from_byte(*kind),
+            _ => None,
+        }
+    }
+
     /// The largest encoded message of this kind, version byte included.
     pub fn max_len(self) -> usize {
         match self {

@@ -3,16 +3,31 @@
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::{StreamProtocol, request_response};
-use ragtag_protocol::wire::{Message, max_message_len};
+use ragtag_protocol::wire::{Message, MessageKind, max_message_len};
 
 /// Our wire messages over request-response.
 #[derive(Debug, Clone, Default)]
 pub struct WireCodec;
 
+/// Reads one message: its first two bytes name its kind, which sets the
+/// limit for the rest (checked while reading) and, for the kinds that
+/// carry chunks of a large object, a buffer allocated whole at once
+/// instead of doubling through the read.
 async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Result<Message> {
-    let limit = max_message_len() as u64;
-    let mut buf = Vec::new();
-    io.take(limit + 1).read_to_end(&mut buf).await?;
+    let mut head = [0u8; 2];
+    let mut got = 0;
+    while got < head.len() {
+        match io.read(&mut head[got..]).await? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    let kind = MessageKind::of_encoded(&head[..got]);
+    let limit = kind.map_or(max_message_len(), MessageKind::max_len) as u64;
+    let bulk = matches!(kind, Some(MessageKind::PayloadChunk | MessageKind::StateChunk | MessageKind::ProbeReply));
+    let mut buf = Vec::with_capacity(if bulk { limit as usize + 64 } else { 256 });
+    buf.extend_from_slice(&head[..got]);
+    io.take(limit + 1 - got as u64).read_to_end(&mut buf).await?;
     if buf.len() as u64 > limit {
         return Err(std::io::Error::other(format!("message over the {limit}-byte limit")));
     }
@@ -80,6 +95,30 @@ mod tests {
             huge.resize(max_message_len() + 10, 0);
             assert!(c.read_response(&proto, &mut Cursor::new(huge)).await.is_err());
             assert!(c.read_response(&proto, &mut Cursor::new(vec![7u8; 40])).await.is_err());
+            assert!(c.read_response(&proto, &mut Cursor::new(Vec::new())).await.is_err(), "an empty stream");
+        });
+    }
+
+    /// The kind's own limit applies while reading: a small kind padded far
+    /// past it is cut off at its limit, not at the largest kind's.
+    #[test]
+    fn a_kind_is_held_to_its_own_limit_and_a_full_chunk_reads_whole() {
+        futures::executor::block_on(async {
+            let proto = StreamProtocol::new("/t");
+            let mut c = WireCodec;
+            let mut have = vec![1u8, MessageKind::Have as u8];
+            have.resize(MessageKind::Have.max_len() + 1, 0);
+            let err = c.read_request(&proto, &mut Cursor::new(have)).await.unwrap_err();
+            assert!(err.to_string().contains(&format!("{}-byte limit", MessageKind::Have.max_len())), "{err}");
+            let chunk = Message::PayloadChunk(ragtag_protocol::wire::Chunk {
+                total_len: 5 << 20,
+                offset: 1 << 20,
+                hash: Default::default(),
+                bytes: vec![3; ragtag_protocol::wire::MAX_CHUNK_BYTES],
+            });
+            let mut out = Vec::new();
+            c.write_response(&proto, &mut out, chunk.clone()).await.unwrap();
+            assert_eq!(c.read_response(&proto, &mut Cursor::new(out)).await.unwrap(), chunk);
         });
     }
 }
