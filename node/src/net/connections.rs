@@ -65,6 +65,8 @@ impl Kind {
 struct Conn {
     id: ConnectionId,
     kind: Kind,
+    /// We dialed it (else the peer did).
+    dialed: bool,
     /// When it is closed, once redundant.
     close_at: Option<Instant>,
 }
@@ -97,10 +99,13 @@ impl Peer {
             self.next_retry = None;
             return;
         }
-        // Relayed only: the newest connection carries the newest hole punch;
-        // older circuits are closed after the grace.
-        let newest = self.conns.last().map(|c| c.id);
-        for c in self.conns.iter_mut().filter(|c| Some(c.id) != newest && c.close_at.is_none()) {
+        // Relayed only: the newest circuit we dialed carries our newest
+        // hole punch offer, so the older ones we dialed are closed after the
+        // grace. Circuits the peer dialed are its own to retire: were both
+        // sides to close each other's older ones, two circuits opened at
+        // once could both go.
+        let newest = self.conns.iter().rev().find(|c| c.dialed).map(|c| c.id);
+        for c in self.conns.iter_mut().filter(|c| c.dialed && Some(c.id) != newest && c.close_at.is_none()) {
             c.close_at = Some(at);
         }
         if self.next_retry.is_none() && self.circuit.is_some() && self.retries < PUNCH_RETRIES {
@@ -130,11 +135,12 @@ impl Connections {
     /// A connection to `peer` is up.
     pub(crate) fn established(&mut self, peer: PeerId, id: ConnectionId, endpoint: &ConnectedPoint, now: Instant) {
         let kind = Kind::of(endpoint);
+        let dialed = endpoint.is_dialer();
         let p = self.peers.entry(peer).or_default();
         if let (Kind::Relayed, ConnectedPoint::Dialer { address, .. }) = (kind, endpoint) {
             p.circuit = Some(address.clone());
         }
-        p.conns.push(Conn { id, kind, close_at: None });
+        p.conns.push(Conn { id, kind, dialed, close_at: None });
         p.settle(now);
     }
 
@@ -249,6 +255,22 @@ mod tests {
         assert_eq!(due.close, vec![ConnectionId::new_unchecked(2)]);
         assert!(due.redial.is_empty());
         assert_eq!(c.kind(&peer), Some("direct"));
+    }
+
+    /// Both sides dialed each other's circuit at once: each keeps the one
+    /// the other dialed, so one circuit survives whatever the order.
+    #[test]
+    fn a_circuit_the_peer_dialed_is_left_to_the_peer_while_relayed_only() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let mut c = Connections::default();
+        let inbound = ConnectedPoint::Listener {
+            local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
+            send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
+        };
+        c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
+        c.established(peer, ConnectionId::new_unchecked(2), &dialer(circuit()), t0);
+        c.established(peer, ConnectionId::new_unchecked(3), &inbound, t0);
+        assert!(c.due(t0 + Duration::from_secs(600)).close.is_empty());
     }
 
     #[test]
