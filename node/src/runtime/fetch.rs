@@ -111,7 +111,10 @@ pub async fn payload_pipelined(
     let mut arrived = std::collections::BTreeMap::new();
     let (mut next, mut pushed) = (0u64, 0u64);
     loop {
-        while next < n && pending.len() < in_flight.max(1) {
+        // A sliding window: chunk `next` is asked for only while fewer
+        // than `in_flight` chunks are asked for and not yet taken in
+        // order, so a slow first chunk holds back at most that many.
+        while next < n && next < pushed + in_flight.max(1) as u64 {
             pending.push(ask(next));
             next += 1;
         }
