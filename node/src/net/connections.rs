@@ -198,17 +198,23 @@ mod tests {
         ConnectedPoint::Dialer { address, role_override: Endpoint::Dialer, port_use: PortUse::Reuse }
     }
 
+    /// A relayed connection the peer dialed: the circuit shows in the local
+    /// address only.
+    fn inbound_circuit() -> ConnectedPoint {
+        ConnectedPoint::Listener {
+            local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
+            send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
+        }
+    }
+
     fn direct() -> ConnectedPoint {
         dialer("/ip4/10.0.0.2/tcp/1".parse().unwrap())
     }
 
     #[test]
     fn connections_are_told_apart_by_how_they_reach_the_peer() {
-        let relay: Multiaddr = format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap();
         assert_eq!(Kind::of(&dialer(circuit())), Kind::Relayed);
-        let inbound_circuit =
-            ConnectedPoint::Listener { local_addr: relay, send_back_addr: format!("/p2p/{PEER}").parse().unwrap() };
-        assert_eq!(Kind::of(&inbound_circuit), Kind::Relayed, "the circuit is in the local address only");
+        assert_eq!(Kind::of(&inbound_circuit()), Kind::Relayed, "the circuit is in the local address only");
         assert_eq!(Kind::of(&dialer("/ip4/10.0.0.2/udp/1/quic-v1".parse().unwrap())), Kind::Quic);
         assert_eq!(Kind::of(&direct()), Kind::Direct);
     }
@@ -263,10 +269,7 @@ mod tests {
     fn a_circuit_the_peer_dialed_is_left_to_the_peer_while_relayed_only() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
         let mut c = Connections::default();
-        let inbound = ConnectedPoint::Listener {
-            local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
-            send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
-        };
+        let inbound = inbound_circuit();
         c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
         c.established(peer, ConnectionId::new_unchecked(2), &dialer(circuit()), t0);
         c.established(peer, ConnectionId::new_unchecked(3), &inbound, t0);
@@ -277,10 +280,7 @@ mod tests {
     fn retries_are_bounded_and_need_a_circuit_we_dialed() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
         let mut c = Connections::default();
-        let inbound = ConnectedPoint::Listener {
-            local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
-            send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
-        };
+        let inbound = inbound_circuit();
         c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
         assert!(c.due(t0 + Duration::from_secs(3600)).redial.is_empty(), "the dialing side retries, not us");
         c.closed(peer, ConnectionId::new_unchecked(1), t0);
