@@ -2,7 +2,8 @@
 //! checks. It contributes an honest-looking update (so it is a peer whose
 //! work counts), then lies in anti-entropy digests (claiming the honest
 //! node's seen set with a far-away sketch) so that the honest node fetches
-//! its anchor, and serves the same poisoned state to a joiner. Before the
+//! its anchor (a far-away one, then a near one with a forged inner-rate
+//! schedule), and serves the same poisoned state to a joiner. Before the
 //! trust rules an honest replica averaged half way to such a state (held-out
 //! loss from 1.3 to over 500) and a joiner adopted it outright.
 
@@ -185,35 +186,56 @@ fn poisoned_replica_state_is_refused_in_anti_entropy_and_at_join() {
         (client, listen.expect("the attacker listens"), a_peer.expect("connected to a"))
     });
 
-    // The unsolicited path: the lie sent to a until a refuses its state.
-    let mut refused = 0;
-    for _ in 0..20 {
-        rt.block_on(async {
-            let empty =
-                ReplicaDigest { run_id, version: Default::default(), applied: Default::default(), sketch: Vec::new() };
-            let Ok(Message::Digest(theirs)) = attacker.request(a_peer, Message::Digest(empty)).await else { return };
-            let mut poisoned = fetch_state(&attacker, a_peer, run_id).await;
-            poisoned.anchor.iter_mut().for_each(|x| *x *= POISON_SCALE);
-            poisoned.outer.momentum.iter_mut().for_each(|x| *x *= POISON_SCALE);
-            poisoned.version = theirs.version.clone();
-            poisoned.applied = theirs.applied.clone();
-            let digest = ReplicaDigest { sketch: anchor_sketch(&poisoned.anchor), ..theirs };
-            {
-                let mut l = lie.lock().unwrap();
-                l.state = Some(state_transfer::split(poisoned));
-                l.digest = Some(digest.clone());
+    // The unsolicited path: the lie sent to a until a refuses its state
+    // with `reason` (counted as `state_{reason}`); `forge` makes the state
+    // from a's own and returns the anchor sketch the lying digest claims.
+    let lie_until = |reason: &str, forge: fn(&mut ReplicaState) -> Vec<f32>| {
+        let key = format!("state_{reason}");
+        for _ in 0..20 {
+            rt.block_on(async {
+                let empty = ReplicaDigest {
+                    run_id,
+                    version: Default::default(),
+                    applied: Default::default(),
+                    sketch: Vec::new(),
+                };
+                let Ok(Message::Digest(theirs)) = attacker.request(a_peer, Message::Digest(empty)).await else {
+                    return;
+                };
+                let mut forged = fetch_state(&attacker, a_peer, run_id).await;
+                let sketch = forge(&mut forged);
+                forged.version = theirs.version.clone();
+                forged.applied = theirs.applied.clone();
+                let digest = ReplicaDigest { sketch, ..theirs };
+                {
+                    let mut l = lie.lock().unwrap();
+                    l.state = Some(state_transfer::split(forged));
+                    l.digest = Some(digest.clone());
+                }
+                let _ = attacker.request(a_peer, Message::Digest(digest)).await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            });
+            if status_json(&metrics)["rejected"][&key].as_u64().unwrap_or(0) > 0 {
+                return;
             }
-            let _ = attacker.request(a_peer, Message::Digest(digest)).await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        });
-        refused = status_json(&metrics)["rejected"]["state_too_far"].as_u64().unwrap_or(0);
-        if refused > 0 {
-            break;
         }
-    }
-    let status = status_json(&metrics);
-    assert!(refused >= 1, "a never refused the poisoned anchor: {}\n{}", status["rejected"], a.stderr());
-
+        let status = status_json(&metrics);
+        panic!("a never refused the forged state with {key}: {}\n{}", status["rejected"], a.stderr());
+    };
+    // The anchor a's own, the inner-rate schedule forged below anything the
+    // manifest allows (averaging hands a peer's schedule over): refused as
+    // invalid before any of it is used. The claimed sketch lies far away
+    // so that a asks for the state at all.
+    lie_until("invalid", |s| {
+        s.inner_lr.scale = 1e-3;
+        anchor_sketch(&s.anchor.iter().map(|x| x * POISON_SCALE).collect::<Vec<_>>())
+    });
+    // Then a far-away anchor, the state the joiners below are offered too.
+    lie_until("too_far", |s| {
+        s.anchor.iter_mut().for_each(|x| *x *= POISON_SCALE);
+        s.outer.momentum.iter_mut().for_each(|x| *x *= POISON_SCALE);
+        anchor_sketch(&s.anchor)
+    });
     // A joiner offered the poisoned state (first in its list) and two honest ones.
     let j = node(
         &dir.path().join("j"),

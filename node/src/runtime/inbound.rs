@@ -358,15 +358,10 @@ impl Node {
                 Ok(d) => self.engine.handle(now(), Input::PeerDigest { from, digest: d }),
                 Err(e) => tracing::debug!("anti-entropy with {from:?} failed: {e}"),
             },
+            // The engine checks the state (`ReplicaState::verify`) and
+            // refuses a bad one with its reason, which `outputs` counts and logs.
             Internal::Anchor { from, result } => match result {
-                Ok(state) => match state.verify(&self.opts.manifest.engine, self.engine.anchor().len()) {
-                    Ok(()) => self.engine.handle(now(), Input::PeerAnchor { from, state: Box::new(state) }),
-                    Err(e) => self.reject(
-                        Self::peer_of(&from),
-                        RejectReason::ShapeMismatch,
-                        &format!("a replica state ({e})"),
-                    ),
-                },
+                Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state: Box::new(state) }),
                 Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
             },
         }

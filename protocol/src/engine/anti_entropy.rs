@@ -183,8 +183,8 @@ impl Engine {
         };
         // Every part of it may reach our replica (the schedule too): the
         // joiner's checks, with a reason.
-        if state.verify(&self.cfg, self.anchor.len()).is_err() {
-            self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::Invalid });
+        if let Err(e) = state.verify(&self.cfg, self.anchor.len()) {
+            self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::Invalid(e) });
             return;
         }
         let mine = self.seen();
@@ -375,10 +375,13 @@ mod tests {
         assert_eq!(e.anchor(), &[1.0; 8]);
         assert_eq!(e.inner_lr.scale, 1.0);
         let out: Vec<_> = std::iter::from_fn(|| e.poll_output()).collect();
-        assert!(
-            out.iter()
-                .any(|o| matches!(o, Output::Event(EngineEvent::AnchorRefused { reason: StateRefusal::Invalid, .. })))
-        );
+        assert!(out.iter().any(|o| matches!(
+            o,
+            Output::Event(EngineEvent::AnchorRefused {
+                reason: StateRefusal::Invalid(crate::engine::snapshot::StateError::InnerLr),
+                ..
+            })
+        )));
         // An anchor nobody asked for: ignored.
         let mut e = engine_after_digest();
         e.on_peer_anchor(NodeId([9; 32]), state(both.clone()));

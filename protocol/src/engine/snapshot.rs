@@ -40,7 +40,7 @@ pub struct ReplicaState {
 }
 
 /// Why a replica state was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum StateError {
     /// The anchor has the wrong number of parameters.
     #[error("state has {got} parameters, the model has {expected}")]

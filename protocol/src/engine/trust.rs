@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::snapshot::ReplicaState;
+use super::snapshot::{ReplicaState, StateError};
 
 /// An anchor farther than this many rounds of movement from ours is used
 /// only when a second peer vouches for it (the two halves of a partition
@@ -64,8 +64,8 @@ pub enum StateRefusal {
     Unvouched,
     /// The state fails the checks a joiner's does (`ReplicaState::verify`:
     /// shape, finite values, an inner-rate schedule the manifest allows).
-    #[error("its state is not one this run could reach")]
-    Invalid,
+    #[error("its state is not one this run could reach ({0})")]
+    Invalid(StateError),
 }
 
 impl StateRefusal {
@@ -77,7 +77,7 @@ impl StateRefusal {
             Self::NoBaseline => "no_baseline",
             Self::TooFar { .. } => "too_far",
             Self::Unvouched => "unvouched",
-            Self::Invalid => "invalid",
+            Self::Invalid(_) => "invalid",
         }
     }
 }
