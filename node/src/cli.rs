@@ -127,6 +127,12 @@ pub enum SwarmCommand {
         /// steps) or `constant`.
         #[arg(long, value_parser = ["plateau", "constant"])]
         inner_lr: Option<String>,
+        /// The run's budget in seconds from now, where it has one: the
+        /// inner rate then stays whole until the budget's last fifth and
+        /// falls linearly to zero over it (a cooldown), instead of halving
+        /// on plateaus (`--inner-lr plateau` keeps those too).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        budget: Option<u32>,
         /// Directory to write manifest.toml (and swarm.key) into.
         #[arg(long)]
         out: PathBuf,

@@ -16,7 +16,7 @@ use ragtag_node::{
     trainer_thread::Pace,
 };
 use ragtag_protocol::{
-    engine::{EngineOverrides, LocalMode, Strategy, inner_lr::InnerLr},
+    engine::{EngineOverrides, LocalMode, Strategy, cooldown::Cooldown, inner_lr::InnerLr},
     ledger::Vouchers,
     manifest::ModelSpec,
 };
@@ -114,6 +114,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     lr,
                     probe_steps,
                     inner_lr,
+                    budget,
                     out,
                 },
         } => {
@@ -123,7 +124,9 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 )
             })?;
             let inner_lr = inner_lr.map(|s| if s == "constant" { InnerLr::Constant } else { InnerLr::PLATEAU });
-            let overrides = EngineOverrides { h, period_ms: tick_ms, codec, inner_lr, ..EngineOverrides::default() };
+            let cooldown = budget.map(Cooldown::for_budget);
+            let overrides =
+                EngineOverrides { h, period_ms: tick_ms, codec, inner_lr, cooldown, ..EngineOverrides::default() };
             let start_ms = runtime::now().0 / 1000;
             let mut m = manifest_file::new_run(&manifest_file::NewRun {
                 name,

@@ -195,6 +195,20 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         ),
         ("inner_lr".to_string(), engine.inner_lr.describe()),
     ]);
+    let mut rationale = rationale;
+    if let Some(c) = engine.cooldown {
+        rationale.insert("cooldown".to_string(), c.describe());
+        if r.overrides.inner_lr.is_none() {
+            rationale.insert(
+                "inner_lr".to_string(),
+                "constant until the cooldown: with a budget, the plateau schedule's halvings (at 1/32 of the rate \
+                 52 s into a 200-s teacher-digits run) leave the cooldown nothing to do; the whole rate until the \
+                 last fifth, then the cooldown, ended lower by 200 s on teacher-digits and char-shakespeare (2 seeds each) and \
+                 on one cnn-digits seed of two (BENCHMARKS.md, a budget's cooldown)"
+                    .to_string(),
+            );
+        }
+    }
     let m = Manifest {
         format: Manifest::FORMAT,
         name: r.name.clone(),
@@ -263,6 +277,31 @@ mod tests {
             assert_eq!(back, m);
             assert_eq!(back.run_id(), m.run_id());
         }
+    }
+
+    /// A budget's cooldown is in the manifest with its reason, survives the
+    /// file, and a broken one is refused when the manifest is checked.
+    #[test]
+    fn a_cooldown_is_written_with_its_reason_and_checked() {
+        use ragtag_protocol::engine::{cooldown::Cooldown, inner_lr::InnerLr};
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = run("teacher");
+        r.overrides.cooldown = Some(Cooldown::for_budget(200));
+        let m = new_run(&r).unwrap();
+        assert_eq!(m.engine.cooldown, Some(Cooldown { start_s: 160, end_s: 200, final_scale: 0.0 }));
+        assert!(m.rationale["cooldown"].contains("from 160 s to 200 s"), "{}", m.rationale["cooldown"]);
+        let p = dir.path().join("m.toml");
+        write(&m, &p).unwrap();
+        assert_eq!(read(&p).unwrap(), m);
+        assert_eq!(m.engine.inner_lr, InnerLr::Constant, "the whole rate until the cooldown");
+        assert!(m.rationale["inner_lr"].starts_with("constant until the cooldown"));
+        r.overrides.inner_lr = Some(InnerLr::PLATEAU);
+        assert_eq!(new_run(&r).unwrap().engine.inner_lr, InnerLr::PLATEAU, "unless the creator asks");
+        let plain = new_run(&run("teacher")).unwrap();
+        assert!(!plain.rationale.contains_key("cooldown"), "no budget, no cooldown");
+        assert_eq!(plain.engine.inner_lr, InnerLr::PLATEAU);
+        r.overrides.cooldown = Some(Cooldown { start_s: 200, end_s: 100, final_scale: 0.0 });
+        assert!(new_run(&r).unwrap_err().to_string().contains("cooldown must start before it ends"));
     }
 
     #[test]

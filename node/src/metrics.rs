@@ -184,7 +184,7 @@ impl NodeMetrics {
         );
         r.register(
             "inner_lr_scale",
-            "The inner learning rate's scale of the manifest's rate",
+            "The scale of the manifest's inner learning rate this node trains at (plateaus and cooldown)",
             m.inner_lr_scale.clone(),
         );
         r.register(

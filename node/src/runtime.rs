@@ -501,7 +501,7 @@ impl Node {
                             "event": "round", "round": round, "t": self.started.elapsed().as_secs_f64(),
                             "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
                             "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
-                            "version": self.engine.version().total(),
+                            "version": self.engine.version().total(), "lr_scale": self.engine.lr_scale(now()),
                             "samples": self.engine.stats().samples, "busy_s": self.busy_s,
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
                             "bytes_out": self.bytes_out,
@@ -609,6 +609,10 @@ impl Node {
         self.metrics.phase_seconds.set(phase_s);
         let idle = self.engine.idle_at(now());
         self.metrics.set_idle(&idle);
+        // The plateau schedule's changes come as events; a cooldown moves
+        // the rate with the clock.
+        let lr_scale = self.engine.lr_scale(now());
+        self.metrics.inner_lr_scale.set(lr_scale as f64);
         if self.credit.is_none_or(|(_, at)| at.elapsed() >= CREDIT_EVERY) {
             let vouchers = match &self.opts.allow {
                 Some(allowed) => ragtag_protocol::ledger::Vouchers::Allowlist(allowed.clone()),
@@ -656,7 +660,7 @@ impl Node {
             data: self.trainer.info.data.clone(),
             eval_history: self.peer_table.evals(),
             credit: self.credit.map(|(c, _)| c),
-            inner_lr_scale: self.engine.inner_lr_scale(),
+            inner_lr_scale: lr_scale,
             peers,
             bytes_out_per_s,
             bytes_in_per_s,

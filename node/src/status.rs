@@ -92,8 +92,9 @@ pub struct Status {
     /// voucher (see `ragtag ledger summary`), recomputed every 30 s.
     #[serde(default)]
     pub credit: Option<f64>,
-    /// The inner learning rate's scale of the manifest's rate (the engine
-    /// lowers it when the swarm's loss stops falling).
+    /// The scale of the manifest's inner rate this node trains at (the
+    /// engine lowers it when the swarm's loss stops falling, and a budget's
+    /// cooldown with the clock).
     #[serde(default = "one")]
     pub inner_lr_scale: f32,
     /// Bytes received (gossip and fetched payloads) by how the sender was

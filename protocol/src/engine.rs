@@ -15,6 +15,7 @@
 
 pub mod anti_entropy;
 pub mod config;
+pub mod cooldown;
 pub mod idle;
 pub mod inner_lr;
 mod io;

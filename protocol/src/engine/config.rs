@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::cooldown::{Cooldown, CooldownError};
 use super::inner_lr::{InnerLr, InnerLrError};
 use crate::codec::{CodecKind, CodecParamsError};
 
@@ -310,6 +311,9 @@ pub struct EngineConfig {
     /// existed keep a constant rate).
     #[serde(default = "constant_inner_lr")]
     pub inner_lr: InnerLr,
+    /// A cooldown to the run's budget, where its creator gave one.
+    #[serde(default)]
+    pub cooldown: Option<Cooldown>,
 }
 
 fn constant_inner_lr() -> InnerLr {
@@ -356,6 +360,7 @@ impl EngineConfig {
                 startup_ms: 2_000,
             },
             inner_lr: InnerLr::PLATEAU,
+            cooldown: None,
         };
         let no_staleness = StalenessConfig {
             measure: StalenessMeasure::Sender,
@@ -457,6 +462,9 @@ impl EngineConfig {
             return Err(ConfigError::Membership);
         }
         self.inner_lr.validate()?;
+        if let Some(c) = self.cooldown {
+            c.validate()?;
+        }
         Ok(self.codec.validate()?)
     }
 }
@@ -496,6 +504,9 @@ pub enum ConfigError {
     /// The inner learning-rate schedule is invalid.
     #[error(transparent)]
     InnerLr(#[from] InnerLrError),
+    /// The cooldown is invalid.
+    #[error(transparent)]
+    Cooldown(#[from] CooldownError),
     /// The codec parameters are unusable.
     #[error(transparent)]
     Codec(#[from] CodecParamsError),
@@ -559,6 +570,8 @@ pub struct EngineOverrides {
     pub canonical_batches: Option<bool>,
     /// Inner learning-rate schedule.
     pub inner_lr: Option<InnerLr>,
+    /// A cooldown to the run's budget.
+    pub cooldown: Option<Cooldown>,
 }
 
 impl EngineOverrides {
@@ -600,6 +613,16 @@ impl EngineOverrides {
             }
             if let Some(v) = self.inner_lr {
                 c.inner_lr = v;
+            }
+            if let Some(v) = self.cooldown {
+                // With a known end the rate stays whole until the cooldown
+                // (warm-up, stable, decay): the plateau halvings took it to
+                // 1/32 in the first quarter of a 200-s run, where a cooldown
+                // can no longer act (BENCHMARKS.md, "a budget's cooldown").
+                c.cooldown = Some(v);
+                if self.inner_lr.is_none() {
+                    c.inner_lr = InnerLr::Constant;
+                }
             }
         }
         c.h_min = c.h_min.min(c.h);

@@ -177,6 +177,12 @@ impl Engine {
         done(self.me) && self.membership.peers().all(|(id, info)| info.first_round > round || done(*id))
     }
 
+    /// The scale of the manifest's inner rate a round started at `now`
+    /// trains at: the swarm's plateau schedule times the cooldown.
+    pub fn lr_scale(&self, now: Micros) -> f32 {
+        self.inner_lr.scale * self.cfg.cooldown.map_or(1.0, |c| c.factor(now.saturating_sub(self.t0)))
+    }
+
     /// Not training from `now`, for `reason`.
     fn wait(&mut self, now: Micros, reason: IdleReason) {
         self.idle.enter(now, reason, &mut self.stats.idle);
@@ -228,7 +234,7 @@ impl Engine {
             round,
             anchor: base,
             steps,
-            lr_scale: self.inner_lr.scale,
+            lr_scale: self.lr_scale(now),
             mode: self.cfg.local,
             pull: self.cfg.pull,
             seed,

@@ -15,7 +15,7 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use ragtag_node::manifest_file;
@@ -100,6 +100,21 @@ pub fn manifest(ragtag: &Path, task: &Task, seed: u64, dir: &Path) -> Result<(Pa
     Ok((path, m))
 }
 
+/// A manifest with a cooldown counts its budget from its start: a copy in
+/// `dir` that starts now, so every run (the lone node's, the swarm's) gets
+/// its whole budget. Others are used as they are.
+fn restamped(manifest: &Path, dir: &Path) -> Result<PathBuf, BenchError> {
+    let mut m = manifest_file::read(manifest)?;
+    if m.engine.cooldown.is_none() {
+        return Ok(manifest.to_path_buf());
+    }
+    m.start_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("manifest.toml");
+    manifest_file::write(&m, &path)?;
+    Ok(path)
+}
+
 /// Runs `step_times.len()` ragtag nodes for `duration_s` and returns node
 /// 0's held-out loss over time since launch, with the samples all nodes
 /// had processed by each evaluation.
@@ -117,6 +132,7 @@ pub fn ragtag_swarm(
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
         _ => {}
     }
+    let manifest = &restamped(manifest, dir)?;
     let launched = Instant::now();
     let args = |i: usize, bootstrap: Option<&str>| {
         let mut a: Vec<String> = [
@@ -173,6 +189,11 @@ pub fn ragtag_swarm(
         std::thread::sleep(Duration::from_millis(50));
     }
     curve.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Each node's log beside its state, for what the curves do not show
+    // (rate changes, peers, refusals).
+    for (i, (n, _)) in nodes.iter().enumerate() {
+        std::fs::write(dir.join(format!("n{i}.log")), n.stderr())?;
+    }
     if curve.points.is_empty() {
         return Err(BenchError::NoMeasurement(format!(
             "node 0 reported no evaluation; its log:\n{}",

@@ -68,6 +68,16 @@ struct Args {
     /// decay over the budget.
     #[arg(long, value_enum, default_value = "constant")]
     ddp_schedule: versus_ddp::DdpSchedule,
+    /// Tell ragtag the versus-ddp budget too (`swarm new --budget`): its
+    /// inner rate then cools down to zero over the last fifth of each run,
+    /// as a cosine DDP's falls over the whole of it.
+    #[arg(long)]
+    ragtag_budget: bool,
+    /// One more argument for every versus-ddp task's `ragtag swarm new`
+    /// (repeat it: `--swarm-new-arg=--inner-lr --swarm-new-arg=constant`),
+    /// for an ablation of the manifest's defaults.
+    #[arg(long, allow_hyphen_values = true)]
+    swarm_new_arg: Vec<String>,
     /// The text task's file.
     #[arg(long, default_value = "../shared/data/shakespeare.txt")]
     text: PathBuf,
@@ -222,17 +232,23 @@ fn main() -> Result<()> {
             args.tasks.clone().unwrap_or_else(|| suite::NAMES.iter().map(|n| n.to_string()).collect());
         let text = std::fs::canonicalize(repo.join(&args.text)).unwrap_or_else(|_| args.text.clone());
         for name in &names {
-            let task = suite::task(&repo, name, &text)?;
+            let mut task = suite::task(&repo, name, &text)?;
+            if args.ragtag_budget {
+                task.swarm_new.extend(["--budget".to_string(), format!("{}", seconds.round() as u32)]);
+            }
+            task.swarm_new.extend(args.swarm_new_arg.iter().cloned());
             let (f, per_seed) =
                 versus_ddp::run(&repo, &ragtag, &task, &seeds, seconds, &ddp_plan, &out_dir.join("versus-ddp"))?;
             section(
                 &format!("Real swarm vs PyTorch DDP: {}", task.name),
                 &format!(
-                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {}{} --ddp-schedule {}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW at a {} rate, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
+                    "`ragtag-bench --only versus-ddp --tasks {} --seeds {}{} --ddp-schedule {}{}`: {}. Four `ragtag run` processes on loopback with the manifest `ragtag swarm new {}` writes (its learning-rate probe included), step floors {:?} s (speeds 4, 4, 2, 1); one ragtag node alone at the fastest floor as the control, whose best sets each seed's target ({} x it); PyTorch DDP (`tests/scripts/ddp_baseline.py`: torch.distributed, gloo, 127.0.0.1, AdamW at a {} rate, the manifest's batch per rank, beta2 0.999, no weight decay or clipping, its clock stopped while rank 0 evaluates) with one rank per node at the same floors. A loss is the mean of three consecutive evaluations (node 0's replica; DDP's model), each system evaluating once per 50 steps of the fastest machine.\n\nPer seed:\n\n{per_seed}",
                     task.name,
                     seeds.len(),
                     if args.first_seed > 0 { format!(" --first-seed {}", args.first_seed) } else { String::new() },
                     args.ddp_schedule.arg(),
+                    if args.ragtag_budget { " --ragtag-budget" } else { "" }.to_string()
+                        + &args.swarm_new_arg.iter().map(|a| format!(" --swarm-new-arg={a}")).collect::<String>(),
                     task.describe,
                     task.swarm_new.join(" "),
                     task.step_times,

@@ -101,3 +101,50 @@ fn the_early_momentum_holds_until_the_inner_rate_first_falls() {
     assert!(early.engines[0].inner_lr_scale() < 1.0);
     assert_ne!(early.engines[0].anchor(), plain.engines[0].anchor());
 }
+
+/// A cooldown lowers the rate every node trains at by the same factor at the
+/// same moment (time counts from the run's start, whenever a node joined),
+/// on top of the plateau schedule, and only that: the replica's own
+/// schedule state stays what the plateaus made it.
+#[test]
+fn a_cooldown_scales_the_rate_nodes_train_at() {
+    use super::super::cooldown::Cooldown;
+    let speeds = [1.0, 1.0, 2.0, 4.0];
+    let mut cfg = EngineConfig::preset(Strategy::Gopals);
+    (cfg.h, cfg.h_min) = (20, 2);
+    cfg.cooldown = Some(Cooldown { start_s: 100, end_s: 200, final_scale: 0.1 });
+    let mut h = Harness::new(cfg, &speeds, 4);
+    h.run_until(Micros::from_secs_f64(90.0));
+    for e in &h.engines {
+        assert_eq!(e.lr_scale(Micros::from_secs_f64(90.0)), e.inner_lr_scale(), "before the cooldown");
+    }
+    h.run_until(Micros::from_secs_f64(150.0));
+    for e in &h.engines {
+        let (plateau, now) = (e.inner_lr_scale(), e.lr_scale(Micros::from_secs_f64(150.0)));
+        assert!((now - 0.55 * plateau).abs() < 1e-6, "halfway: {now} against the plateau's {plateau}");
+    }
+    h.run_until(Micros::from_secs_f64(250.0));
+    for e in &h.engines {
+        assert!((e.lr_scale(Micros::from_secs_f64(250.0)) - 0.1 * e.inner_lr_scale()).abs() < 1e-6, "after its end");
+    }
+}
+
+/// The cooldown reaches the rate local phases train at: with one that is
+/// over before the first round (the engine waits `startup_ms` first), every
+/// round trains at a rate of zero and the anchor stays at the initial
+/// weights, where the same run without it moves off.
+#[test]
+fn rounds_after_a_cooldown_to_zero_do_not_train() {
+    use super::super::cooldown::Cooldown;
+    let speeds = [1.0, 1.0, 2.0, 4.0];
+    let moved = |cooldown| {
+        let mut cfg = EngineConfig::preset(Strategy::Gopals);
+        (cfg.h, cfg.h_min, cfg.cooldown) = (20, 2, cooldown);
+        let mut h = Harness::new(cfg, &speeds, 4);
+        h.run_until(Micros::from_secs_f64(100.0));
+        assert!(h.engines[0].version().total() > 0, "updates were applied");
+        h.engines[0].anchor().iter().map(|a| a * a).sum::<f32>().sqrt()
+    };
+    assert!(moved(None) > 0.1);
+    assert_eq!(moved(Some(Cooldown { start_s: 0, end_s: 1, final_scale: 0.0 })), 0.0);
+}
