@@ -33,8 +33,14 @@ fn doctor_passes_against_a_running_bootstrap() {
 
 #[test]
 fn doctor_explains_a_closed_port() {
-    // A port that was just free: nothing listens there.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A free port below Linux's ephemeral range (32768-60999): nothing
+    // listens there, and no node of a test running beside this one (they
+    // all bind port 0) can be given it between this check and the dial,
+    // which once made the dial reach that node instead ("Unexpected peer ID").
+    let start = 20_000 + (std::process::id() % 8_000) as u16;
+    let port = (start..32_000)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below the ephemeral range");
     let key = tempfile::tempdir().unwrap();
     let keygen =
         Command::new(bin("ragtag")).args(["keygen", "--out", key.path().join("k").to_str().unwrap()]).output().unwrap();
