@@ -149,7 +149,7 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
     }
     let engine = r.overrides.apply(r.strategy);
     let default_for = if transformer { "the default for the transformer" } else { "the default" };
-    let rationale = BTreeMap::from([
+    let mut rationale = BTreeMap::from([
         ("lr".to_string(), format!("{}: {default_for}, not probed on this data", training.lr)),
         ("batch_size".to_string(), format!("{}: {default_for}", training.batch_size)),
         (
@@ -195,7 +195,6 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         ),
         ("inner_lr".to_string(), engine.inner_lr.describe()),
     ]);
-    let mut rationale = rationale;
     if let Some(c) = engine.cooldown {
         rationale.insert("cooldown".to_string(), c.describe());
         if r.overrides.inner_lr.is_none() {

@@ -609,8 +609,8 @@ impl Node {
         self.metrics.phase_seconds.set(phase_s);
         let idle = self.engine.idle_at(now());
         self.metrics.set_idle(&idle);
-        // The plateau schedule's changes come as events; a cooldown moves
-        // the rate with the clock.
+        // The one place the gauge is set: a cooldown moves the rate with the
+        // clock, not only at the plateau schedule's events.
         let lr_scale = self.engine.lr_scale(now());
         self.metrics.inner_lr_scale.set(lr_scale as f64);
         if self.credit.is_none_or(|(_, at)| at.elapsed() >= CREDIT_EVERY) {

@@ -158,7 +158,6 @@ impl Node {
             EngineEvent::FetchAbandoned { id } => tracing::debug!("gave up fetching {id}"),
             EngineEvent::RoundStarted { .. } => {}
             EngineEvent::InnerLrChanged { scale, change } => {
-                self.metrics.inner_lr_scale.set(self.engine.lr_scale(super::now()) as f64);
                 self.metrics.inner_lr_changes.get_or_create(&ReasonLabel { reason: change.name().into() }).inc();
                 match change {
                     LrChange::Spike => tracing::warn!(
