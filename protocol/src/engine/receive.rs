@@ -293,15 +293,15 @@ impl Engine {
         if self.outer.close_round(&outer, anchor, n) {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
-            self.close_inner_lr_round(outer_rounds);
+            self.close_inner_lr_round();
         }
     }
 
     /// Feeds the closed outer round's training losses to the inner-rate
     /// schedule; a divergence also drops the outer momentum, which carried
     /// the anchor into it.
-    fn close_inner_lr_round(&mut self, outer_rounds: u64) {
-        let Some(change) = self.inner_lr.close_round(&self.cfg.inner_lr, outer_rounds) else {
+    fn close_inner_lr_round(&mut self) {
+        let Some(change) = self.inner_lr.close_round(&self.cfg.inner_lr) else {
             return;
         };
         if change == LrChange::Spike {
@@ -351,7 +351,7 @@ impl Engine {
         if closed {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
-            self.close_inner_lr_round(outer_rounds);
+            self.close_inner_lr_round();
         }
     }
 }
