@@ -184,6 +184,15 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
     // Every process runs in its own directory: paths it is given must not
     // be relative to ours.
     let out = std::path::absolute(&opts.out).map_err(RealError::CreateDir)?;
+    // Every run is a new run (its own start time, so its own run id): a
+    // node state left by an earlier run in the same place would be refused
+    // by the node ("checkpoint of run ..."), so it goes.
+    for i in 0..n {
+        let state = out.join(format!("node{i}")).join("state");
+        if state.exists() {
+            std::fs::remove_dir_all(&state).map_err(RealError::CreateDir)?;
+        }
+    }
     let manifest_path = out.join("manifest.toml");
     std::fs::write(&manifest_path, toml::to_string_pretty(&manifest)?).map_err(RealError::WriteManifest)?;
     let lab = match &opts.netem {

@@ -11,12 +11,15 @@ use ragtag_tests::bin;
 fn real_mode_paces_each_process_like_its_scenario_node() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let run = Command::new(bin("ragtag-simnet"))
-        .args(["real", "--scenario", "hetero-4x", "--nodes", "2", "--speeds", "1,2", "--strategy", "ddp"])
-        .args(["--duration", "20", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let real = |duration: &str| {
+        Command::new(bin("ragtag-simnet"))
+            .args(["real", "--scenario", "hetero-4x", "--nodes", "2", "--speeds", "1,2", "--strategy", "ddp"])
+            .args(["--duration", duration, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let run = real("20");
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
     assert!(out.join("summary.json").exists(), "no summary.json");
@@ -37,4 +40,9 @@ fn real_mode_paces_each_process_like_its_scenario_node() {
     // of the slow node plus the exchange.
     assert!(u_slow > 0.6, "the slow process should be busy most of the time: {csv}");
     assert!(u_fast > 0.2 && u_fast < 0.75 * u_slow, "the fast process should wait for the slow one: {csv}");
+    // Run again into the same place: a new run (its own start time and run
+    // id), so the nodes must not find the first run's state there (they
+    // refused it, and no node reported a round).
+    let again = real("8");
+    assert!(again.status.success(), "a second run in the same place: {}", String::from_utf8_lossy(&again.stderr));
 }

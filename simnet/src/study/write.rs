@@ -28,6 +28,9 @@ pub fn run_and_write(
         None => run_study(opts)?,
     };
     if real {
+        // The simulations first, so a failing real check loses none of them
+        // (`--reuse docs/study/study.json --real` takes them up again).
+        write(&study, out, command)?;
         let dir = out.join("target/study-real");
         study.real = super::real_check::run(opts, &dir)?;
     }
