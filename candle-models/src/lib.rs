@@ -18,6 +18,7 @@ pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod representation;
 pub mod trainer;
 
 pub use error::{Error, Result};

@@ -13,6 +13,9 @@ pub use transformer::CharTransformer;
 
 use crate::{Result, params::InitScheme};
 
+/// Receives a hidden layer's output during a forward pass, by layer name.
+pub type Tap<'a> = dyn FnMut(String, &Tensor) + 'a;
+
 /// What a model eats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputKind {
@@ -78,6 +81,22 @@ impl Model {
             Model::Cnn(m) => m.forward(input),
             Model::Transformer(m) => m.forward(input),
         }
+    }
+
+    /// Logits and each hidden layer's output for `input`, every one as
+    /// `[rows, features]` (a row per sample, per position for the
+    /// transformer), named after its layer: what [`crate::representation`]
+    /// compares.
+    pub fn forward_with_hidden(&self, input: &Tensor) -> Result<(Tensor, Vec<(String, Tensor)>)> {
+        let mut hidden = Vec::new();
+        let mut keep = |name: String, t: &Tensor| hidden.push((name, t.clone()));
+        let tap: Option<&mut Tap<'_>> = Some(&mut keep);
+        let logits = match self {
+            Model::Mlp(m) => m.forward_tapped(input, tap)?,
+            Model::Cnn(m) => m.forward_tapped(input, tap)?,
+            Model::Transformer(m) => m.forward_tapped(input, tap)?,
+        };
+        Ok((logits, hidden))
     }
 
     /// How this model's weights are initialised.

@@ -391,6 +391,41 @@ impl Trainer {
         })
     }
 
+    /// A fixed probe for [`Trainer::representation_similarity`]: the first
+    /// samples of the held-out set (every node and run of one dataset draws
+    /// the same), as many as make about `rows` representation rows (a
+    /// sequence makes one per position).
+    pub fn probe_batch(&self, rows: usize) -> Batch {
+        let per_sample = match self.model.input_kind() {
+            crate::model::InputKind::Tokens { context, .. } => context,
+            _ => 1,
+        };
+        let eval = self.dataset.eval_set();
+        eval.slice(0..(rows / per_sample).max(1).min(eval.samples()))
+    }
+
+    /// Per hidden layer, the linear CKA of models `a` and `b` on `probe`
+    /// (`None` for a layer constant over the probe): whether two models,
+    /// e.g. a straggler's at the end of its round and the anchor it started
+    /// from, compute alike. Leaves the trainer's parameters at `b`.
+    pub fn representation_similarity(
+        &mut self,
+        a: &[f32],
+        b: &[f32],
+        probe: &Batch,
+    ) -> Result<Vec<(String, Option<f64>)>> {
+        let (x, _) = probe.to_tensors(&self.device.device)?;
+        let hidden = |params: &[f32]| -> Result<Vec<(String, Tensor)>> {
+            self.params.import(params)?;
+            Ok(self.model.forward_with_hidden(&x)?.1)
+        };
+        let (ha, hb) = (hidden(a)?, hidden(b)?);
+        ha.into_iter()
+            .zip(hb)
+            .map(|((name, ta), (_, tb))| Ok((name, crate::representation::linear_cka(&ta, &tb)?)))
+            .collect()
+    }
+
     /// The optimiser (for checkpoints).
     pub(crate) fn optimizer(&self) -> &AdamW {
         &self.opt

@@ -1,8 +1,8 @@
 //! What a run measures: time series of the mean replica, per-node
 //! accounting, staleness, and the research measurements (per-layer update
 //! norms by node, cosine similarity of fast and slow groups' updates, how
-//! far a round's local model drifts from its anchor, each group's training
-//! loss).
+//! far a round's local model drifts from its anchor and how alike their
+//! hidden representations stay, each group's training loss).
 
 use std::collections::BTreeMap;
 
@@ -81,6 +81,24 @@ pub struct GroupSample {
     pub train_loss_slow: f32,
 }
 
+/// How alike a round's local model and its anchor compute, per hidden
+/// layer, in a window: linear CKA of their representations of a fixed
+/// probe batch (1: alike), for one round of each group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RepresentationSample {
+    /// Window end (s).
+    pub t: f64,
+    /// Hidden layer name.
+    pub layer: String,
+    /// A fast node's round (the window's first).
+    pub cka_fast: f64,
+    /// A slow node's round (the window's first).
+    pub cka_slow: f64,
+}
+
+/// Per hidden layer, the CKA of one round (`None`: constant on the probe).
+pub type Similarity = Vec<(String, Option<f64>)>;
+
 /// One finished local phase, as the recorder sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct PhaseRecord<'a> {
@@ -151,6 +169,10 @@ pub struct LayerRecorder {
     pub samples: Vec<LayerSample>,
     /// The groups' training losses so far.
     pub group_samples: Vec<GroupSample>,
+    /// Per group, the window's representation similarity, once measured.
+    representation: [Option<Similarity>; 2],
+    /// The representation samples so far.
+    pub representation_samples: Vec<RepresentationSample>,
 }
 
 impl LayerRecorder {
@@ -165,7 +187,21 @@ impl LayerRecorder {
             per_node: vec![(vec![0.0; l], 0); nodes],
             samples: Vec::new(),
             group_samples: Vec::new(),
+            representation: [None, None],
+            representation_samples: Vec::new(),
         }
+    }
+
+    /// Whether this window still wants a representation measurement of a
+    /// round of `group` (one per group per window: each costs two forward
+    /// passes of the probe).
+    pub fn wants_representation(&self, group: usize) -> bool {
+        self.representation[group].is_none()
+    }
+
+    /// Records the per-layer CKA of one round of `group` with its anchor.
+    pub fn record_representation(&mut self, group: usize, similarity: Similarity) {
+        self.representation[group] = Some(similarity);
     }
 
     /// Records node `node`'s finished phase (group 0 = fast, 1 = slow).
@@ -228,6 +264,17 @@ impl LayerRecorder {
             train_loss_fast: per(fast.loss, fast.loss_count),
             train_loss_slow: per(slow.loss, slow.loss_count),
         });
+        if let [Some(fast), Some(slow)] = &self.representation {
+            for ((layer, f), (_, s)) in fast.iter().zip(slow) {
+                self.representation_samples.push(RepresentationSample {
+                    t,
+                    layer: layer.clone(),
+                    cka_fast: f.unwrap_or(f64::NAN),
+                    cka_slow: s.unwrap_or(f64::NAN),
+                });
+            }
+            self.representation = [None, None];
+        }
         for g in &mut self.groups {
             g.clear();
         }
@@ -267,5 +314,40 @@ impl Tally {
         let n: u64 = self.staleness_histogram.iter().sum();
         let s: u64 = self.staleness_histogram.iter().enumerate().map(|(i, c)| i as u64 * c).sum();
         s as f64 / n.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(delta: &[f32]) -> PhaseRecord<'_> {
+        PhaseRecord { delta, local: Some(delta), steps: 1, loss: 1.0 }
+    }
+
+    fn similarity(cka: f64) -> Similarity {
+        vec![("l0".into(), Some(cka)), ("l1".into(), None)]
+    }
+
+    /// One measurement per group per window; a window closes with both
+    /// groups' (a missing layer reads NaN), and one without a slow round
+    /// keeps the fast one's for the next.
+    #[test]
+    fn representations_are_sampled_once_per_group_per_window() {
+        let mut r = LayerRecorder::new(vec![("w".into(), 0..2)], 2, 2);
+        r.record(0, 0, phase(&[1.0, 0.0]));
+        assert!(r.wants_representation(0));
+        r.record_representation(0, similarity(0.9));
+        assert!(!r.wants_representation(0) && r.wants_representation(1));
+        r.sample(1.0);
+        assert!(r.representation_samples.is_empty(), "no slow round yet");
+        r.record(1, 1, phase(&[0.0, 1.0]));
+        r.record_representation(1, similarity(0.5));
+        r.sample(2.0);
+        let got: Vec<(f64, &str, f64, f64)> =
+            r.representation_samples.iter().map(|s| (s.t, s.layer.as_str(), s.cka_fast, s.cka_slow)).collect();
+        assert_eq!(got[0], (2.0, "l0", 0.9, 0.5));
+        assert_eq!((got[1].1, got[1].2.is_nan(), got[1].3.is_nan()), ("l1", true, true));
+        assert!(r.wants_representation(0) && r.wants_representation(1), "a new window");
     }
 }

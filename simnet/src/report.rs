@@ -308,6 +308,8 @@ fn write_layers(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
     writeln!(groups, "strategy,seed,t,train_loss_fast,train_loss_slow")?;
     let mut by_node = create(dir, "layer_norms_by_node.csv")?;
     writeln!(by_node, "strategy,seed,node,speed,layer,mean_update_norm,updates")?;
+    let mut reps = create(dir, "representations.csv")?;
+    writeln!(reps, "strategy,seed,t,layer,cka_fast,cka_slow")?;
     for r in runs {
         let s = r.strategy.name();
         for l in &r.layers.samples {
@@ -327,6 +329,9 @@ fn write_layers(dir: &Path, runs: &[RunOutput]) -> Result<(), ReportError> {
                 l.drift_fast,
                 l.drift_slow
             )?;
+        }
+        for x in &r.layers.representation_samples {
+            writeln!(reps, "{s},{},{:.3},{},{:.6},{:.6}", r.seed, x.t, x.layer, x.cka_fast, x.cka_slow)?;
         }
         for g in &r.layers.group_samples {
             writeln!(groups, "{s},{},{:.3},{:.6},{:.6}", r.seed, g.t, g.train_loss_fast, g.train_loss_slow)?;

@@ -10,6 +10,9 @@ mod event;
 mod node;
 mod output;
 mod phases;
+mod representation;
+
+pub use representation::PROBE_ROWS;
 
 use std::{
     cmp::Reverse,
@@ -106,6 +109,8 @@ struct Sim<'a> {
     store: BTreeMap<UpdateId, Published>,
     store_order: std::collections::VecDeque<(f64, UpdateId)>,
     evaluator: Trainer,
+    /// The held-out inputs representations are compared on.
+    probe: ragtag_models::data::Batch,
     series: Vec<Sample>,
     tally: Tally,
     layers: LayerRecorder,
@@ -236,6 +241,7 @@ impl<'a> Sim<'a> {
             index_of,
             store: BTreeMap::new(),
             store_order: std::collections::VecDeque::new(),
+            probe: evaluator.probe_batch(representation::PROBE_ROWS),
             evaluator,
             series: Vec::new(),
             tally: Tally::default(),
@@ -307,6 +313,9 @@ impl<'a> Sim<'a> {
                     loss: first_loss,
                 };
                 self.layers.record(node, group, phase);
+                if !gradient && self.layers.wants_representation(group) {
+                    self.record_representation(group, &result.params, &delta)?;
+                }
                 self.handle(node, Input::LocalPhaseDone(*result));
             }
             Ev::Deliver { node, what } => self.deliver(node, what),

@@ -4,6 +4,7 @@
 use candle_core::{Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, conv2d, linear};
 
+use super::Tap;
 use crate::{Error, Result};
 
 /// conv(1->c1) pool conv(c1->c2) pool dense(hidden) dense(classes).
@@ -41,10 +42,25 @@ impl Cnn {
 
     /// Logits `[batch, classes]` from `[batch, 1, side, side]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_tapped(x, None)
+    }
+
+    /// [`Cnn::forward`], handing each hidden layer's output, flattened to
+    /// `[batch, features]` (the convolutions' after pooling), to `tap` (when given).
+    pub fn forward_tapped(&self, x: &Tensor, mut tap: Option<&mut Tap<'_>>) -> Result<Tensor> {
         let h = self.conv1.forward(x)?.relu()?.max_pool2d(2)?;
+        if let Some(tap) = tap.as_mut() {
+            tap("conv1".into(), &h.flatten_from(1)?);
+        }
         let h = self.conv2.forward(&h)?.relu()?.max_pool2d(2)?;
         let h = h.flatten_from(1)?;
+        if let Some(tap) = tap.as_mut() {
+            tap("conv2".into(), &h);
+        }
         let h = self.fc1.forward(&h)?.relu()?;
+        if let Some(tap) = tap.as_mut() {
+            tap("fc1".into(), &h);
+        }
         Ok(self.fc2.forward(&h)?)
     }
 

@@ -3,6 +3,7 @@
 use candle_core::{Module, Tensor};
 use candle_nn::{Linear, VarBuilder, linear};
 
+use super::Tap;
 use crate::Result;
 
 /// Layers `l0 .. lk`; ReLU after every layer but the last.
@@ -28,11 +29,20 @@ impl Mlp {
 
     /// Logits `[batch, classes]` from `[batch, inputs]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_tapped(x, None)
+    }
+
+    /// [`Mlp::forward`], handing each hidden layer's output `[batch,
+    /// width]` (after its ReLU) to `tap` (when given), named after the layer.
+    pub fn forward_tapped(&self, x: &Tensor, mut tap: Option<&mut Tap<'_>>) -> Result<Tensor> {
         let mut h = x.clone();
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
             if i + 1 < self.layers.len() {
                 h = h.relu()?;
+                if let Some(tap) = tap.as_mut() {
+                    tap(format!("l{i}"), &h);
+                }
             }
         }
         Ok(h)

@@ -3,6 +3,7 @@
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder, embedding, linear};
 
+use super::Tap;
 use crate::{Error, Result};
 
 /// Layer norm from differentiable tensor ops. candle-nn's `LayerNorm`
@@ -101,6 +102,12 @@ impl CharTransformer {
 
     /// Logits `[batch * t, vocab]` from tokens `[batch, t]` (t <= context).
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.forward_tapped(tokens, None)
+    }
+
+    /// [`CharTransformer::forward`], handing each block's output (the
+    /// residual stream), one row per position `[batch * t, width]`, to `tap` (when given).
+    pub fn forward_tapped(&self, tokens: &Tensor, mut tap: Option<&mut Tap<'_>>) -> Result<Tensor> {
         let (b, t) = tokens.dims2()?;
         if t > self.context {
             return Err(Error::Shape(format!("sequence of {t} over context {}", self.context)));
@@ -110,7 +117,7 @@ impl CharTransformer {
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let hd = self.width / self.heads;
         let scale = 1.0 / (hd as f64).sqrt();
-        for blk in &self.blocks {
+        for (i, blk) in self.blocks.iter().enumerate() {
             let h = blk.ln1.forward(&x)?;
             let qkv = blk.qkv.forward(&h)?.reshape((b, t, 3, self.heads, hd))?.permute((2, 0, 3, 1, 4))?;
             let q = qkv.get(0)?.contiguous()?;
@@ -123,6 +130,9 @@ impl CharTransformer {
             let h = blk.ln2.forward(&x)?;
             let h = blk.out.forward(&blk.fc.forward(&h)?.gelu()?)?;
             x = (x + h)?;
+            if let Some(tap) = tap.as_mut() {
+                tap(format!("h{i}"), &x.reshape((b * t, self.width))?);
+            }
         }
         let logits = self.head.forward(&self.ln_f.forward(&x)?)?;
         Ok(logits.reshape((b * t, self.vocab))?)

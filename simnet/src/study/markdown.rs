@@ -8,13 +8,21 @@ use ragtag_protocol::engine::Strategy;
 
 use super::{
     Arm, FOCUS, Shape, Study, StudyRun, TaskStudy,
-    metrics::{LayerFigures, RunFigures, layer_spread, separated, spread_of},
+    metrics::{LayerFigures, RepresentationFigures, RunFigures, layer_spread, separated, spread_of},
 };
 use crate::ablation::Spread;
 
 fn fmt(s: Option<Spread>, digits: usize) -> String {
     match s {
         Some(s) => format!("{:.d$} ({:.d$}..{:.d$})", s.mean, s.min, s.max, d = digits),
+        None => "-".into(),
+    }
+}
+
+/// [`fmt`] for figures that span orders of magnitude.
+fn fmt_e(s: Option<Spread>) -> String {
+    match s {
+        Some(s) => format!("{:.2e} ({:.2e}..{:.2e})", s.mean, s.min, s.max),
         None => "-".into(),
     }
 }
@@ -78,7 +86,6 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
     let _ = writeln!(
         w,
         "- **The norm guard** is not an arm: it lives in the node's validation of network input (`UpdateValidator`), which the simulator does not run (honest simulated peers deliver their updates directly), so turning it off would change nothing here.\n\
-         - **Representation similarity (linear CKA)** on a probe batch is not measured; question 2 is answered with parameter drift per layer only.\n\
          - **Per-example losses**: a group's \"harder examples\" are read from the loss of each round's first batch at the anchor the round starts from (the examples it drew, at the model every node starts from), averaged per group, not per example. (A round's mean training loss would mislead: a fast node's long round descends further, so its mean is lower whatever its examples.) In the simulator every node draws from the same data stream with its own seed, so no node is handed harder examples by construction.\n\
          - **Real processes** record no per-layer measurements (`ragtag-simnet real` reports the loss, bytes and staleness only), so questions 1, 2 and 4 are answered from the simulator alone; {}\n",
         if study.real.is_empty() {
@@ -133,7 +140,40 @@ fn layer_table(
     figure: &str,
     f: fn(&LayerFigures) -> f64,
 ) -> Vec<(String, bool)> {
-    let names = layer_names(t);
+    let get = |r: &RunFigures, name: &str| r.layers.iter().find(|l| l.layer == name).map(f);
+    table(w, t, columns, &layer_names(t), figure, &|s| fmt(s, 3), &get)
+}
+
+/// Hidden layers with representation figures, in model order.
+fn representation_names(t: &TaskStudy) -> Vec<String> {
+    t.runs
+        .iter()
+        .find(|r| !r.figures.representations.is_empty())
+        .map_or_else(Vec::new, |r| r.figures.representations.iter().map(|l| l.layer.clone()).collect())
+}
+
+fn representation_table(
+    w: &mut String,
+    t: &TaskStudy,
+    columns: &[(&str, Shape, Arm)],
+    figure: &str,
+    f: fn(&RepresentationFigures) -> f64,
+) -> Vec<(String, bool)> {
+    let get = |r: &RunFigures, name: &str| r.representations.iter().find(|l| l.layer == name).map(f);
+    table(w, t, columns, &representation_names(t), figure, &fmt_e, &get)
+}
+
+/// One row per name, one column per (shape, arm) of gopals, each cell a
+/// figure over seeds; the last column compares the first two.
+fn table(
+    w: &mut String,
+    t: &TaskStudy,
+    columns: &[(&str, Shape, Arm)],
+    names: &[String],
+    figure: &str,
+    cell: &dyn Fn(Option<Spread>) -> String,
+    get: &dyn Fn(&RunFigures, &str) -> Option<f64>,
+) -> Vec<(String, bool)> {
     let _ = write!(w, "| layer |");
     for (label, ..) in columns {
         let _ = write!(w, " {label} |");
@@ -141,14 +181,14 @@ fn layer_table(
     let _ = writeln!(w, " {} vs {} |", columns[0].0, columns[1].0);
     let _ = writeln!(w, "| --- |{}", " ---: |".repeat(columns.len() + 1));
     let mut verdicts = Vec::new();
-    for name in &names {
+    for name in names {
         let _ = write!(w, "| {name} |");
         let spreads: Vec<Option<Spread>> = columns
             .iter()
-            .map(|(_, shape, arm)| layer_spread(figures(runs(t, *shape, Strategy::Gopals, *arm)), name, f))
+            .map(|(_, shape, arm)| spread_of(figures(runs(t, *shape, Strategy::Gopals, *arm)), |r| get(r, name)))
             .collect();
         for s in &spreads {
-            let _ = write!(w, " {} |", fmt(*s, 3));
+            let _ = write!(w, " {} |", cell(*s));
         }
         let v = verdict(spreads[0], spreads[1]);
         let _ = writeln!(w, " {v} |");
@@ -258,10 +298,33 @@ fn q2(w: &mut String, study: &Study) {
         let stale = |arm| spread_of(figures(runs(t, FOCUS, Strategy::Gopals, arm)), |r| Some(r.mean_staleness));
         let _ = writeln!(
             w,
-            "**Answer ({})**: layers where the slow/fast drift ratio of the mixed swarm differs from the homogeneous control: {}; where turning the staleness weights off changes it: {}. Mean staleness of applied updates: {} with weights, {} without (weights act only on late updates).\n",
+            "Representations: linear CKA of a round's local model with its anchor, per hidden layer, on {} held-out representation rows, shown as 1 - CKA, how far the round moved what a layer computes (0 = alike up to a rotation and scale; one fast and one slow round per sampling window, second half of the run).\n",
+            crate::sim::PROBE_ROWS
+        );
+        let cka_slow =
+            representation_table(w, t, &cols, "1 - CKA of a slow node's round-end model with its anchor", |r| {
+                1.0 - r.cka_slow
+            });
+        representation_table(w, t, &cols, "the same for a fast node", |r| 1.0 - r.cka_fast);
+        let cka_vs_control: Vec<(String, bool)> = representation_names(t)
+            .iter()
+            .map(|name| {
+                let of = |shape| {
+                    spread_of(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), |r| {
+                        r.representations.iter().find(|l| &l.layer == name).map(|l| l.cka_slow)
+                    })
+                };
+                (name.clone(), separated(of(FOCUS), of(Shape::HOMOGENEOUS)))
+            })
+            .collect();
+        let _ = writeln!(
+            w,
+            "**Answer ({})**: layers where the slow/fast drift ratio of the mixed swarm differs from the homogeneous control: {}; where turning the staleness weights off changes it: {}. Hidden layers where a slow node's representation CKA differs from the homogeneous control's: {}; where turning the staleness weights off changes it: {}. Mean staleness of applied updates: {} with weights, {} without (weights act only on late updates).\n",
             t.task.name(),
             differing(&vs_control),
             differing(&a),
+            if cka_vs_control.is_empty() { "not measured in this run".into() } else { differing(&cka_vs_control) },
+            if cka_slow.is_empty() { "not measured in this run".into() } else { differing(&cka_slow) },
             fmt(stale(Arm::Preset), 3),
             fmt(stale(Arm::NoStalenessWeights), 3)
         );

@@ -30,6 +30,20 @@ pub struct LayerFigures {
     pub drift_slow: f64,
 }
 
+/// One hidden layer's representation similarity over the second half of a
+/// run: linear CKA of a round's local model with its anchor on the probe.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RepresentationFigures {
+    /// Hidden layer name.
+    pub layer: String,
+    /// Mean over a fast node's measured rounds.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub cka_fast: f64,
+    /// The same for a slow node's.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub cka_slow: f64,
+}
+
 /// What the study keeps of one run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunFigures {
@@ -46,6 +60,10 @@ pub struct RunFigures {
     pub mean_staleness: f64,
     /// Per-layer figures (empty when a group published nothing).
     pub layers: Vec<LayerFigures>,
+    /// Per hidden layer, representation similarity (empty for strategies
+    /// that send gradients, and in studies saved before it was measured).
+    #[serde(default)]
+    pub representations: Vec<RepresentationFigures>,
     /// Layer-mean cosine of fast and slow updates in the first third.
     pub cos_fast_slow_early: Option<f64>,
     /// The same in the last third.
@@ -104,6 +122,19 @@ impl RunFigures {
                 })
             })
             .collect();
+        let late_reps: Vec<_> = out.layers.representation_samples.iter().filter(|s| s.t > duration_s / 2.0).collect();
+        let mut representations: Vec<RepresentationFigures> = Vec::new();
+        for s in &late_reps {
+            if representations.iter().any(|r| r.layer == s.layer) {
+                continue;
+            }
+            let of = |f: &dyn Fn(&crate::measure::RepresentationSample) -> f64| {
+                mean(late_reps.iter().filter(|x| x.layer == s.layer).map(|x| f(x)))
+            };
+            if let (Some(cka_fast), Some(cka_slow)) = (of(&|x| x.cka_fast), of(&|x| x.cka_slow)) {
+                representations.push(RepresentationFigures { layer: s.layer.clone(), cka_fast, cka_slow });
+            }
+        }
         let cos_in = |from: f64, to: f64| {
             mean(samples.iter().filter(|s| s.t > from && s.t <= to).map(|s| s.cosine_fast_slow as f64))
         };
@@ -125,6 +156,7 @@ impl RunFigures {
             best_loss: best_smoothed(&losses),
             mean_staleness: summary.mean_staleness,
             layers,
+            representations,
             cos_fast_slow_early: cos_in(0.0, duration_s / 3.0),
             cos_fast_slow_late: cos_in(2.0 * duration_s / 3.0, f64::INFINITY),
             train_loss_gap: mean(
