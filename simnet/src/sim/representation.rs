@@ -5,7 +5,8 @@
 use super::{Sim, SimError};
 
 /// About this many representation rows per measurement (a probe of 512
-/// feature vectors, or of 8 sequences of 64 positions).
+/// feature vectors or images, or of 32 sequences of the study's 16
+/// positions).
 pub const PROBE_ROWS: usize = 512;
 
 impl Sim<'_> {

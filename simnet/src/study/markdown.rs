@@ -140,7 +140,7 @@ fn layer_table(
     figure: &str,
     f: fn(&LayerFigures) -> f64,
 ) -> Vec<(String, bool)> {
-    let get = |r: &RunFigures, name: &str| r.layers.iter().find(|l| l.layer == name).map(f);
+    let get = |r: &RunFigures, name: &str| r.layer(name).map(f);
     table(w, t, columns, &layer_names(t), figure, &|s| fmt(s, 3), &get)
 }
 
@@ -159,7 +159,7 @@ fn representation_table(
     figure: &str,
     f: fn(&RepresentationFigures) -> f64,
 ) -> Vec<(String, bool)> {
-    let get = |r: &RunFigures, name: &str| r.representations.iter().find(|l| l.layer == name).map(f);
+    let get = |r: &RunFigures, name: &str| r.representation(name).map(f);
     table(w, t, columns, &representation_names(t), figure, &fmt_e, &get)
 }
 
@@ -311,7 +311,7 @@ fn q2(w: &mut String, study: &Study) {
             .map(|name| {
                 let of = |shape| {
                     spread_of(figures(runs(t, shape, Strategy::Gopals, Arm::Preset)), |r| {
-                        r.representations.iter().find(|l| &l.layer == name).map(|l| l.cka_slow)
+                        r.representation(name).map(|l| l.cka_slow)
                     })
                 };
                 (name.clone(), separated(of(FOCUS), of(Shape::HOMOGENEOUS)))

@@ -101,6 +101,16 @@ pub fn best_smoothed(losses: &[f64]) -> f64 {
 }
 
 impl RunFigures {
+    /// The figures of parameter tensor `layer`, if measured.
+    pub fn layer(&self, layer: &str) -> Option<&LayerFigures> {
+        self.layers.iter().find(|l| l.layer == layer)
+    }
+
+    /// The representation figures of hidden layer `layer`, if measured.
+    pub fn representation(&self, layer: &str) -> Option<&RepresentationFigures> {
+        self.representations.iter().find(|l| l.layer == layer)
+    }
+
     /// Reduces a run; `duration_s` splits it into thirds and halves.
     pub fn of(summary: &RunSummary, out: &RunOutput, duration_s: f64) -> Self {
         let samples = &out.layers.samples;
@@ -193,7 +203,7 @@ pub fn layer_spread<'a>(
     layer: &str,
     f: impl Fn(&LayerFigures) -> f64,
 ) -> Option<Spread> {
-    spread_of(runs, |r| r.layers.iter().find(|l| l.layer == layer).map(&f))
+    spread_of(runs, |r| r.layer(layer).map(&f))
 }
 
 /// Whether two sets of seeds tell a difference: their ranges do not overlap.
