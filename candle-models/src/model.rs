@@ -1,6 +1,7 @@
 //! Models as plain structs built from a `VarBuilder` (the candle way).
 
 mod cnn;
+mod conv3x3;
 mod mlp;
 mod transformer;
 

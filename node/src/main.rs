@@ -21,44 +21,12 @@ use ragtag_protocol::{
     manifest::ModelSpec,
 };
 
-/// candle asks for its thread count on every tensor operation and, unless
-/// `RAYON_NUM_THREADS` is set, reads /proc/cpuinfo each time. Set it once,
-/// before any thread exists.
-#[allow(unsafe_code)]
-fn pin_thread_count() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // SAFETY: first thing in main, before any other thread is spawned.
-        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
-    }
-}
-
-/// glibc gives each thread that contends for the allocator an arena of its
-/// own and raises its mmap threshold after each large free, so the free
-/// memory it holds for a node's threads (tokio, the trainer, sled's IO
-/// pool) kept growing. One arena, a fixed 64 KiB mmap threshold and a
-/// 128 KiB trim threshold: in a 16-process soak (`tests/scripts/
-/// soak-sample.sh`) private memory 10.3 MiB at 30 s, +0.7 MiB from 300 s to
-/// 570 s, against 12.0 MiB and +1.7 MiB with glibc's defaults. Set before
-/// any thread exists.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn tune_allocator() {
-    for (param, value) in
-        [(libc::M_ARENA_MAX, 1), (libc::M_MMAP_THRESHOLD, 64 << 10), (libc::M_TRIM_THRESHOLD, 128 << 10)]
-    {
-        // SAFETY: mallopt only sets allocator parameters; called first
-        // thing in main, before any other thread is spawned.
-        unsafe { libc::mallopt(param, value) };
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn tune_allocator() {}
-
 fn main() -> ExitCode {
-    tune_allocator();
-    pin_thread_count();
+    #[allow(unsafe_code)]
+    // SAFETY: first thing in main, before any other thread is spawned.
+    unsafe {
+        ragtag_models::device::prepare_cpu_process()
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

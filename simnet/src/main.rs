@@ -172,20 +172,12 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
     })
 }
 
-/// candle asks for its thread count on every tensor operation and, unless
-/// `RAYON_NUM_THREADS` is set, reads /proc/cpuinfo each time (most of the
-/// time of a tiny model's step). Set it once, before any thread exists.
-#[allow(unsafe_code)]
-fn pin_thread_count() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // SAFETY: called first thing in main, before any other thread is spawned.
-        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
-    }
-}
-
 fn main() -> Result<()> {
-    pin_thread_count();
+    #[allow(unsafe_code)]
+    // SAFETY: first thing in main, before any other thread is spawned.
+    unsafe {
+        ragtag_models::device::prepare_cpu_process()
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

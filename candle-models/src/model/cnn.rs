@@ -1,17 +1,22 @@
 //! A small CNN for square single-channel images (8x8 digits, 28x28 IDX):
 //! two 3x3 convolutions with ReLU and 2x2 max-pooling, then two dense layers.
+//! The convolutions run channels-last (see [`super::conv3x3`]); the dense
+//! layers see the channels-first flattening candle's layout gives.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, conv2d, linear};
+use candle_nn::{Conv2dConfig, Linear, VarBuilder, conv2d, linear};
 
-use super::Tap;
+use super::{
+    Tap,
+    conv3x3::{Conv3x3, channels_first_flat, max_pool2},
+};
 use crate::{Error, Result};
 
 /// conv(1->c1) pool conv(c1->c2) pool dense(hidden) dense(classes).
 #[derive(Debug)]
 pub struct Cnn {
-    conv1: Conv2d,
-    conv2: Conv2d,
+    conv1: Conv3x3,
+    conv2: Conv3x3,
     fc1: Linear,
     fc2: Linear,
     side: usize,
@@ -29,8 +34,8 @@ impl Cnn {
         let cfg = Conv2dConfig { padding: 1, ..Default::default() };
         let flat = channels[1] * (side / 4) * (side / 4);
         Ok(Self {
-            conv1: conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?,
-            conv2: conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?,
+            conv1: Conv3x3::new(conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?, side, vb.device())?,
+            conv2: Conv3x3::new(conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?, side / 2, vb.device())?,
             fc1: linear(flat, hidden, vb.pp("fc1"))?,
             fc2: linear(hidden, classes, vb.pp("fc2"))?,
             side,
@@ -46,14 +51,18 @@ impl Cnn {
     }
 
     /// [`Cnn::forward`], handing each hidden layer's output, flattened to
-    /// `[batch, features]` (the convolutions' after pooling), to `tap` (when given).
+    /// `[batch, features]` (the convolutions' after pooling; conv1's
+    /// channels-last), to `tap` (when given).
     pub fn forward_tapped(&self, x: &Tensor, mut tap: Option<&mut Tap<'_>>) -> Result<Tensor> {
-        let h = self.conv1.forward(x)?.relu()?.max_pool2d(2)?;
+        let side = self.side;
+        // One channel: [batch, 1, side, side] is already channels-last.
+        let x = x.reshape((x.dim(0)?, side * side, 1))?;
+        let h = max_pool2(&self.conv1.forward(&x)?.relu()?, side)?;
         if let Some(tap) = tap.as_mut() {
             tap("conv1".into(), &h.flatten_from(1)?);
         }
-        let h = self.conv2.forward(&h)?.relu()?.max_pool2d(2)?;
-        let h = h.flatten_from(1)?;
+        let h = max_pool2(&self.conv2.forward(&h)?.relu()?, side / 2)?;
+        let h = channels_first_flat(&h)?;
         if let Some(tap) = tap.as_mut() {
             tap("conv2".into(), &h);
         }

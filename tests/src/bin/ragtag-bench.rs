@@ -84,14 +84,11 @@ struct Args {
 }
 
 fn main() -> Result<()> {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        #[allow(unsafe_code)]
-        // SAFETY: first thing in main, no other thread exists yet.
-        unsafe {
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string())
-        };
-    }
+    #[allow(unsafe_code)]
+    // SAFETY: first thing in main, no other thread exists yet.
+    unsafe {
+        ragtag_models::device::prepare_cpu_process()
+    };
     let args = Args::parse();
     let full = args.full;
     let only = args.only.clone();
