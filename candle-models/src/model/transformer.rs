@@ -3,7 +3,7 @@
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder, embedding, linear};
 
-use super::Tap;
+use super::{Tap, gelu::gelu};
 use crate::{Error, Result};
 
 /// Layer norm from differentiable tensor ops. candle-nn's `LayerNorm`
@@ -113,7 +113,12 @@ impl CharTransformer {
             return Err(Error::Shape(format!("sequence of {t} over context {}", self.context)));
         }
         let positions = Tensor::arange(0u32, t as u32, tokens.device())?;
-        let mut x = self.wte.forward(tokens)?.broadcast_add(&self.wpe.forward(&positions)?)?;
+        // The residual stream as rows [batch * t, width]: every linear layer
+        // is then one matrix product whose weight gradient is one more
+        // (on [batch, t, width] candle broadcasts the weight over the batch
+        // and sums the batch's gradients in a strided reduction).
+        let mut x =
+            self.wte.forward(tokens)?.broadcast_add(&self.wpe.forward(&positions)?)?.reshape((b * t, self.width))?;
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let hd = self.width / self.heads;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -125,17 +130,16 @@ impl CharTransformer {
             let v = qkv.get(2)?.contiguous()?;
             let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
             let att = candle_nn::ops::softmax(&att, D::Minus1)?;
-            let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, self.width))?;
+            let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b * t, self.width))?;
             x = (x + blk.proj.forward(&y)?)?;
             let h = blk.ln2.forward(&x)?;
-            let h = blk.out.forward(&blk.fc.forward(&h)?.gelu()?)?;
+            let h = blk.out.forward(&gelu(&blk.fc.forward(&h)?)?)?;
             x = (x + h)?;
             if let Some(tap) = tap.as_mut() {
-                tap(format!("h{i}"), &x.reshape((b * t, self.width))?);
+                tap(format!("h{i}"), &x);
             }
         }
-        let logits = self.head.forward(&self.ln_f.forward(&x)?)?;
-        Ok(logits.reshape((b * t, self.vocab))?)
+        Ok(self.head.forward(&self.ln_f.forward(&x)?)?)
     }
 
     /// Vocabulary size.
