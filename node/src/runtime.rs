@@ -8,6 +8,7 @@ mod inbound;
 mod outputs;
 mod peer_table;
 mod phases;
+mod reachability;
 mod settle;
 pub mod startup;
 mod startup_inbox;
@@ -155,7 +156,7 @@ pub(crate) struct Node {
     /// Peers whose failed dial was logged since they were last connected.
     unreachable: BTreeSet<PeerId>,
     listen: Vec<Multiaddr>,
-    reachability: String,
+    reachability: reachability::Reachability,
     eval: Option<ragtag_models::EvalResult>,
     last_checkpoint_round: u64,
     ledger_records: u64,
@@ -322,7 +323,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         connected: found.connected,
         unreachable: BTreeSet::new(),
         listen: found.listen,
-        reachability: "unknown".into(),
+        reachability: reachability::Reachability::default(),
         eval: None,
         last_checkpoint_round: 0,
         ledger_records: 0,
@@ -634,7 +635,7 @@ impl Node {
             strategy: self.opts.manifest.engine.strategy.name().into(),
             device: self.trainer.info.device.clone(),
             listen_addrs: self.listen.iter().map(|a| a.to_string()).collect(),
-            reachability: self.reachability.clone(),
+            reachability: self.reachability.label().to_owned(),
             uptime_s: uptime,
             round: self.engine.round(),
             outer_rounds: self.engine.outer_rounds(),

@@ -50,8 +50,7 @@ impl Node {
             }
             net::Event::Reachability(r) => {
                 tracing::info!("reachability: {r}");
-                let through_relay = matches!(self.reachability.as_str(), "relayed" | "hole punched");
-                if r == "private" && !through_relay {
+                if r == "private" && !self.reachability.through_relay() {
                     // Not dialable from outside: take a reservation at every
                     // bootstrap node (they relay), so peers can reach us.
                     for addr in self.opts.net.bootstrap.clone() {
@@ -59,13 +58,11 @@ impl Node {
                         let _ = self.net.listen_via_relay(addr).await;
                     }
                 }
-                if !through_relay || r == "public" {
-                    self.reachability = r;
-                }
+                self.reachability.autonat(&r);
             }
             net::Event::RelayReserved(p) => {
                 tracing::info!("reservation accepted by relay {p}");
-                self.reachability = "relayed".into();
+                self.reachability.relay_reserved();
             }
             net::Event::HolePunch { peer, error } => self.on_hole_punch(peer, error),
             net::Event::NotAllowed(p) => self.reject(Some(p), RejectReason::NotAllowed, "a connection"),
@@ -85,9 +82,7 @@ impl Node {
             None => {
                 tracing::info!("hole punched: direct connection to {peer}");
                 self.hole_punch.succeeded += 1;
-                if self.reachability == "relayed" || self.reachability == "private" {
-                    self.reachability = "hole punched".into();
-                }
+                self.reachability.hole_punched();
                 format!("direct connection to {peer}")
             }
             Some(e) => {
