@@ -49,8 +49,10 @@ pub struct TrainerConfig {
 pub struct PhaseResult {
     /// Parameters after the phase (train mode) or the gradient (gradient mode).
     pub params: Vec<f32>,
-    /// Steps taken (gradient or pull).
+    /// Whole steps taken (gradient or pull).
     pub steps: u32,
+    /// The batch fraction of the partial step taken after them (0: none).
+    pub partial: f32,
     /// Samples processed.
     pub samples: u64,
     /// Mean training loss over the gradient steps.
@@ -91,6 +93,8 @@ pub struct Trainer {
     node_seed: u64,
     shard: Shard,
     lr_scale: f64,
+    /// Rows of the partial step that ends each phase (0: none).
+    partial_rows: usize,
 }
 
 /// Held-out samples evaluated per forward pass.
@@ -154,6 +158,7 @@ impl Trainer {
             node_seed: cfg.node_seed,
             shard: cfg.shard,
             lr_scale: 1.0,
+            partial_rows: 0,
         })
     }
 
@@ -162,6 +167,17 @@ impl Trainer {
     /// (0, 1] are clamped to it.
     pub fn set_lr_scale(&mut self, scale: f32) {
         self.lr_scale = if scale.is_finite() { (scale as f64).clamp(1e-6, 1.0) } else { 1.0 };
+    }
+
+    /// Ends the train-mode phases that follow with one more step on this
+    /// fraction of a batch (the engine's `LocalPhase::partial`: the rest of
+    /// a tick too short for a whole step); 0 for none. At least one row,
+    /// less than a whole batch.
+    pub fn set_partial_step(&mut self, fraction: f32) {
+        let batch = self.training.batch_size as usize;
+        let rows = if fraction.is_finite() { (fraction.clamp(0.0, 1.0) * batch as f32).round() as usize } else { 0 };
+        self.partial_rows =
+            if fraction > 0.0 && fraction.is_finite() { rows.clamp(1, batch.saturating_sub(1)) } else { 0 };
     }
 
     /// Number of parameters.
@@ -243,12 +259,15 @@ impl Trainer {
         pull: PullConfig,
         seed: u64,
     ) -> Result<PhaseResult> {
-        self.run_phase_with(anchor, steps, mode, pull, seed, |_| true)
+        self.run_phase_with(anchor, steps, mode, pull, seed, |_, _| true)
     }
 
-    /// [`Trainer::run_phase`], calling `go_on(step)` after every inner
-    /// step: returning false ends the phase early (a deadline), and the
-    /// caller may use the call to pace the steps (emulated slow hardware).
+    /// [`Trainer::run_phase`], calling `go_on(step, next)` after every
+    /// inner step, where `next` is the batch fraction of the step that
+    /// would follow (1 for a whole one, the partial step's fraction, 0 when
+    /// the phase is done): returning false ends the phase early (a
+    /// deadline), and the caller may use the call to pace the steps
+    /// (emulated slow hardware).
     pub fn run_phase_with(
         &mut self,
         anchor: &[f32],
@@ -256,7 +275,7 @@ impl Trainer {
         mode: LocalMode,
         pull: PullConfig,
         seed: u64,
-        mut go_on: impl FnMut(u32) -> bool,
+        mut go_on: impl FnMut(u32, f32) -> bool,
     ) -> Result<PhaseResult> {
         let start = Instant::now();
         self.params.import(anchor)?;
@@ -266,7 +285,7 @@ impl Trainer {
             let batch = self.sampler.next_batch(batch_size);
             let (loss, grads) = self.loss_and_grads(&batch)?;
             // The one step is the whole phase: the caller still paces it.
-            go_on(1);
+            go_on(1, 0.0);
             let mut flat = Vec::with_capacity(self.params.len());
             for (g, e) in grads.iter().zip(&self.params.layout().entries) {
                 match g {
@@ -278,6 +297,7 @@ impl Trainer {
                 layer_update_norms: vec![0.0; self.params.layout().entries.len()],
                 params: flat,
                 steps: 1,
+                partial: 0.0,
                 samples: batch_size as u64,
                 loss,
                 first_loss: loss,
@@ -303,6 +323,17 @@ impl Trainer {
             None
         };
         let (mut loss_sum, mut grad_steps, mut taken, mut first_loss) = (0.0f64, 0u32, 0u32, f32::NAN);
+        let mut samples = 0u64;
+        let mut tally = |loss: f32, rows: usize| {
+            loss_sum += loss as f64;
+            if grad_steps == 0 {
+                first_loss = loss;
+            }
+            grad_steps += 1;
+            samples += rows as u64;
+        };
+        let partial_rows = self.partial_rows;
+        let mut partial = 0.0f32;
         while taken < steps {
             taken += 1;
             if let Some(anchors) = anchors.as_ref().filter(|_| rng.bernoulli(p)) {
@@ -312,17 +343,20 @@ impl Trainer {
                     var.set(&(t + ((a - t)? * pull.lambda as f64)?)?)?;
                 }
             } else {
-                let batch = self.sampler.next_batch(batch_size);
-                let (loss, grads) = self.loss_and_grads(&batch)?;
-                self.opt.step(self.params.vars(), &grads, lr_scale)?;
-                loss_sum += loss as f64;
-                if grad_steps == 0 {
-                    first_loss = loss;
-                }
-                grad_steps += 1;
+                let loss = self.gradient_step(batch_size, lr_scale)?;
+                tally(loss, batch_size);
             }
-            if !go_on(taken) {
+            let next = if taken < steps { 1.0 } else { partial_rows as f32 / batch_size as f32 };
+            if !go_on(taken, next) {
                 break;
+            }
+            if taken == steps && partial_rows > 0 {
+                // The rest of the tick: one step on part of a batch, at the
+                // same rate (its gradient is the mean over fewer rows).
+                let loss = self.gradient_step(partial_rows, lr_scale)?;
+                tally(loss, partial_rows);
+                partial = next;
+                go_on(taken, 0.0);
             }
         }
         let params = self.params.export()?;
@@ -340,13 +374,23 @@ impl Trainer {
         Ok(PhaseResult {
             params,
             steps: taken,
-            samples: grad_steps as u64 * batch_size as u64,
+            partial,
+            samples,
             loss: if grad_steps > 0 { (loss_sum / grad_steps as f64) as f32 } else { f32::NAN },
             first_loss,
             elapsed_s: start.elapsed().as_secs_f64(),
             layer_update_norms,
-            flops: flops_per_step * grad_steps as f64,
+            flops: 3.0 * self.model.forward_flops_per_sample() * samples as f64,
         })
+    }
+
+    /// One inner AdamW step on the next `rows` of this node's data; returns
+    /// its training loss.
+    fn gradient_step(&mut self, rows: usize, lr_scale: f64) -> Result<f32> {
+        let batch = self.sampler.next_batch(rows);
+        let (loss, grads) = self.loss_and_grads(&batch)?;
+        self.opt.step(self.params.vars(), &grads, lr_scale)?;
+        Ok(loss)
     }
 
     /// `steps` inner AdamW steps on one fixed batch (benchmarks: the step

@@ -271,7 +271,7 @@ fn pull_steps_and_gradient_mode() {
     assert!(r.samples < 20 * 64 && r.samples > 0, "some steps were pulls: {}", r.samples);
     let mut paced = Vec::new();
     let g = t
-        .run_phase_with(&anchor, 1, LocalMode::Gradient, NO_PULL, 0, |step| {
+        .run_phase_with(&anchor, 1, LocalMode::Gradient, NO_PULL, 0, |step, _| {
             paced.push(step);
             true
         })
@@ -360,4 +360,32 @@ fn every_model_compares_its_hidden_representations_layer_by_layer() {
             assert!(m < 1.0 && u < m, "{model} {name}: trained {m}, unrelated {u}");
         }
     }
+}
+
+#[test]
+fn a_partial_step_ends_the_phase_on_part_of_a_batch() {
+    let mut t = Trainer::new(teacher()).unwrap();
+    let batch = u64::from(teacher().training.batch_size);
+    let anchor = t.export_params().unwrap();
+    t.set_partial_step(0.5);
+    let mut seen = Vec::new();
+    let r = t
+        .run_phase_with(&anchor, 3, LocalMode::Train, NO_PULL, 0, |step, next| {
+            seen.push((step, next));
+            true
+        })
+        .unwrap();
+    assert_eq!((r.steps, r.partial, r.samples), (3, 0.5, 3 * batch + batch / 2));
+    // The caller learns the size of each next step (a deadline check), and
+    // paces the partial one too.
+    assert_eq!(seen, [(1, 1.0), (2, 1.0), (3, 0.5), (3, 0.0)]);
+    // Same seed, same first three batches: the partial step is what differs.
+    let whole = Trainer::new(teacher()).unwrap().run_phase(&anchor, 3, LocalMode::Train, NO_PULL, 0).unwrap();
+    assert_eq!(whole.samples, 3 * batch);
+    assert_ne!(whole.params, r.params);
+    // A caller whose deadline leaves no room for it skips it.
+    let cut = t.run_phase_with(&anchor, 3, LocalMode::Train, NO_PULL, 0, |_, next| next >= 1.0).unwrap();
+    assert_eq!((cut.steps, cut.partial, cut.samples), (3, 0.0, 3 * batch));
+    t.set_partial_step(0.0);
+    assert_eq!(t.run_phase(&anchor, 3, LocalMode::Train, NO_PULL, 0).unwrap().samples, 3 * batch);
 }

@@ -10,7 +10,7 @@ use std::{
 };
 
 use ragtag_models::{EvalResult, Trainer, TrainerConfig};
-use ragtag_protocol::engine::{LocalMode, LocalPhase, LocalResult, PullConfig};
+use ragtag_protocol::engine::{LocalMode, LocalPhase, LocalResult, MIN_PARTIAL_STEP, PullConfig};
 
 /// Commands queued for the trainer at most.
 const COMMAND_CAPACITY: usize = 4;
@@ -159,7 +159,14 @@ pub struct Pace {
 impl Pace {
     /// How long a step of `compute` takes on the emulated hardware.
     pub fn emulated(&self, compute: Duration) -> Duration {
-        compute.mul_f64(self.slowdown.max(1.0)).max(self.step_floor)
+        self.emulated_part(compute, 1.0)
+    }
+
+    /// The same for a step on `share` of a batch (a partial step): its
+    /// floor is that share of a whole step's.
+    pub fn emulated_part(&self, compute: Duration, share: f32) -> Duration {
+        let floor = if share >= 1.0 { self.step_floor } else { self.step_floor.mul_f64(f64::from(share.max(0.0))) };
+        compute.mul_f64(self.slowdown.max(1.0)).max(floor)
     }
 }
 
@@ -234,17 +241,24 @@ fn serve(
                 });
                 let mut compute = Duration::ZERO;
                 let mut last = Instant::now();
-                let go_on = |_step: u32| {
+                // After each step: pace it, then go on only if the next
+                // step (`next` of a whole one: a partial step is shorter)
+                // would end before the deadline.
+                let mut share = 1.0f32;
+                let go_on = |_step: u32, next: f32| {
                     let step = last.elapsed();
                     compute += step;
-                    let emulated = pace.emulated(step);
+                    let emulated = pace.emulated_part(step, share);
                     if emulated > step {
                         std::thread::sleep(emulated - step);
                     }
                     last = Instant::now();
-                    deadline.is_none_or(|d| Instant::now() + emulated < d)
+                    let whole = emulated.div_f32(share.max(MIN_PARTIAL_STEP));
+                    share = if next > 0.0 { next.min(1.0) } else { share };
+                    deadline.is_none_or(|d| Instant::now() + whole.mul_f32(next.max(0.0)) < d)
                 };
                 trainer.set_lr_scale(p.lr_scale);
+                trainer.set_partial_step(p.partial);
                 match trainer.run_phase_with(&p.anchor, p.steps, p.mode, p.pull, p.seed, go_on) {
                     Ok(r) => {
                         let compute_s = compute.as_secs_f64();
@@ -253,6 +267,7 @@ fn serve(
                                 round: p.round,
                                 params: r.params,
                                 steps: r.steps,
+                                partial: r.partial,
                                 samples: r.samples,
                                 loss: r.loss,
                                 flops: r.flops,
@@ -296,5 +311,8 @@ mod tests {
         assert_eq!(floor.emulated(ms(300)), ms(300));
         // A factor below 1 never speeds a step up.
         assert_eq!(Pace { slowdown: 0.5, step_floor: Duration::ZERO }.emulated(ms(10)), ms(10));
+        // A partial step's floor is its share of a whole one's.
+        assert_eq!(floor.emulated_part(ms(10), 0.5), ms(50));
+        assert_eq!(floor.emulated_part(ms(80), 0.5), ms(80));
     }
 }

@@ -35,8 +35,9 @@ use std::{
 };
 
 pub use config::{
-    AntiEntropyConfig, ConfigError, EngineConfig, EngineOverrides, LocalMode, MembershipConfig, OuterConfig, OuterKind,
-    PullConfig, Schedule, StalenessConfig, StalenessMeasure, StalenessWeight, Strategy, Work,
+    AntiEntropyConfig, ConfigError, EngineConfig, EngineOverrides, LocalMode, MIN_PARTIAL_STEP, MembershipConfig,
+    OuterConfig, OuterKind, PARTIAL_STEP_SLACK, PullConfig, Schedule, StalenessConfig, StalenessMeasure,
+    StalenessWeight, Strategy, Work,
 };
 pub use idle::{IdleReason, IdleTimes};
 pub use io::{EngineEvent, Input, LocalPhase, LocalResult, Output, Publication};

@@ -136,6 +136,7 @@ mod tests {
             round,
             anchor: Arc::new(vec![0.0; 4]),
             steps: 10,
+            partial: 0.0,
             lr_scale: 1.0,
             mode: LocalMode::Train,
             pull: EngineConfig::preset(Strategy::Gopals).pull,

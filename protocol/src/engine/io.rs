@@ -21,6 +21,9 @@ pub struct LocalPhase {
     pub anchor: Arc<Vec<f32>>,
     /// Inner steps to take.
     pub steps: u32,
+    /// After them, one more step on this fraction of a batch (0: none):
+    /// fills the part of a tick too short for a whole step.
+    pub partial: f32,
     /// The manifest's inner learning rate is multiplied by this (the
     /// engine's schedule, [`super::inner_lr`]).
     pub lr_scale: f32,
@@ -42,8 +45,10 @@ pub struct LocalResult {
     pub round: u64,
     /// `theta` after the phase (train mode) or the gradient (gradient mode).
     pub params: Vec<f32>,
-    /// Steps actually taken.
+    /// Whole steps actually taken.
     pub steps: u32,
+    /// The batch fraction of the partial step taken after them (0: none).
+    pub partial: f32,
     /// Samples processed.
     pub samples: u64,
     /// Mean training loss.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Engine, EngineEvent, LocalPhase, LocalResult, Output, Phase, Publication, Training,
-    config::{LocalMode, Schedule, StalenessMeasure, Work},
+    config::{LocalMode, MIN_PARTIAL_STEP, PARTIAL_STEP_SLACK, Schedule, StalenessMeasure, Work},
     idle::IdleReason,
     tick::TickClock,
 };
@@ -27,25 +27,23 @@ impl Engine {
         }
         self.startup_until = None;
         self.wake_at = None;
-        let steps = match self.cfg.schedule {
-            Schedule::FreeRunning => Some(self.proportional_steps()),
+        let (steps, partial) = match self.cfg.schedule {
+            Schedule::FreeRunning => (self.proportional_steps(), 0.0),
             Schedule::Barrier => {
                 if self.round > self.first_round && !self.barrier_complete(self.round - 1) {
                     self.wait(now, IdleReason::Barrier);
                     return; // re-checked on every arrival and membership change
                 }
-                Some(self.proportional_steps())
+                (self.proportional_steps(), 0.0)
             }
-            Schedule::Tick { grace, margin, period_ms, overlap } => {
-                let Some(steps) = self.tick_round_steps(now, grace, margin, period_ms, overlap) else {
+            Schedule::Tick { .. } => {
+                let Some(work) = self.tick_round_steps(now) else {
                     return;
                 };
-                Some(steps)
+                work
             }
         };
-        if let Some(steps) = steps {
-            self.start_round(now, steps);
-        }
+        self.start_round(now, steps, partial);
     }
 
     /// `clamp(floor(H v_i / v_ref), H_min, H)`, or H for fixed work.
@@ -70,16 +68,13 @@ impl Engine {
         }
     }
 
-    /// Tick mode: the steps of a round starting now, or `None` after
+    /// Tick mode: the whole steps of a round starting now and the batch
+    /// fraction of a last, partial step (0 for none), or `None` after
     /// setting when to look again.
-    fn tick_round_steps(
-        &mut self,
-        now: Micros,
-        grace: f32,
-        margin: f32,
-        period_ms: Option<u32>,
-        overlap: bool,
-    ) -> Option<u32> {
+    fn tick_round_steps(&mut self, now: Micros) -> Option<(u32, f32)> {
+        let Schedule::Tick { grace, margin, period_ms, overlap, partial_step } = self.cfg.schedule else {
+            return None;
+        };
         if self.clock.is_none() {
             self.clock = Some(TickClock::new(self.t0, self.wanted_tick_period(period_ms)));
         }
@@ -102,9 +97,13 @@ impl Engine {
         }
         let reserve = Micros::from_secs_f64(period.as_secs_f64() * margin as f64);
         let usable = next.saturating_sub(now).saturating_sub(reserve).as_secs_f64();
-        let mut steps = match self.cfg.work {
-            Work::Fixed => self.cfg.h,
-            Work::ProportionalToSpeed => (usable * self.membership.my_speed() as f64).floor() as u32,
+        let (mut steps, mut partial) = match self.cfg.work {
+            Work::Fixed => (self.cfg.h, 0.0),
+            Work::ProportionalToSpeed => {
+                let fit = usable * self.membership.my_speed() as f64;
+                let rest = (fit - fit.floor()) as f32 - PARTIAL_STEP_SLACK;
+                (fit.floor() as u32, if partial_step && rest >= MIN_PARTIAL_STEP { rest } else { 0.0 })
+            }
         };
         // The speed estimate only changes when a phase completes: if one bad
         // measurement (a loaded machine, a stale checkpoint) puts it below
@@ -115,6 +114,7 @@ impl Engine {
         if steps < self.cfg.h_min && early && self.last_probe_tick.is_none_or(|p| k >= p + PROBE_EVERY_TICKS) {
             self.last_probe_tick = Some(k);
             steps = self.cfg.h_min;
+            partial = 0.0;
         }
         // The period follows v_ref; the clock leader decides, a change takes
         // effect at a later tick boundary, and followers adopt it from the
@@ -136,7 +136,7 @@ impl Engine {
             self.wait(now, IdleReason::ShortTick);
             return None;
         }
-        Some(steps)
+        Some((steps, partial))
     }
 
     /// The batch a round of tick `k` starts from applies the ticks before
@@ -188,7 +188,7 @@ impl Engine {
         self.idle.enter(now, reason, &mut self.stats.idle);
     }
 
-    fn start_round(&mut self, now: Micros, steps: u32) {
+    fn start_round(&mut self, now: Micros, steps: u32, partial: f32) {
         self.idle.leave(now, &mut self.stats.idle);
         let base_tick = self.clock.as_ref().map_or(0, |c| c.tick(now));
         let upto = match self.cfg.schedule {
@@ -234,6 +234,7 @@ impl Engine {
             round,
             anchor: base,
             steps,
+            partial,
             lr_scale: self.lr_scale(now),
             mode: self.cfg.local,
             pull: self.cfg.pull,
@@ -258,7 +259,10 @@ impl Engine {
             return;
         }
         let elapsed = now.saturating_sub(training.started).as_secs_f64().max(1e-6);
-        self.update_speed((result.steps.max(1) as f64 / elapsed) as f32);
+        // A partial step counts for its share of a batch, so the estimate
+        // stays in whole steps per second.
+        let work = (result.steps as f64 + result.partial.clamp(0.0, 1.0) as f64).max(1.0);
+        self.update_speed((work / elapsed) as f32);
         self.stats.rounds += 1;
         self.stats.steps += result.steps as u64;
         self.stats.samples += result.samples;

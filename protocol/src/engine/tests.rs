@@ -19,6 +19,7 @@ mod idle;
 mod inner_lr;
 mod late_updates;
 mod overlap;
+mod partial_step;
 mod tick_mode;
 
 const DIM: usize = 16;
@@ -37,15 +38,33 @@ fn toy_phase(node: usize, phase: &LocalPhase, lr: f32) -> LocalResult {
     let mut x = phase.anchor.as_ref().clone();
     if phase.mode == LocalMode::Gradient {
         let g = (0..DIM).map(|i| x[i] - target(node, i)).collect();
-        return LocalResult { round: phase.round, params: g, steps: 1, samples: 1, loss: 0.0, flops: 0.0 };
+        return LocalResult {
+            round: phase.round,
+            params: g,
+            steps: 1,
+            partial: 0.0,
+            samples: 1,
+            loss: 0.0,
+            flops: 0.0,
+        };
     }
-    for _ in 0..phase.steps {
+    // A partial step moves by its share of a whole one.
+    let shares = std::iter::repeat_n(1.0, phase.steps as usize).chain((phase.partial > 0.0).then_some(phase.partial));
+    for share in shares {
         for (i, xi) in x.iter_mut().enumerate() {
-            *xi -= lr * phase.lr_scale * (*xi - target(node, i));
+            *xi -= share * lr * phase.lr_scale * (*xi - target(node, i));
         }
     }
     let loss = (0..DIM).map(|i| 0.5 * (x[i] - target(node, i)).powi(2)).sum();
-    LocalResult { round: phase.round, params: x, steps: phase.steps, samples: phase.steps as u64, loss, flops: 0.0 }
+    LocalResult {
+        round: phase.round,
+        params: x,
+        steps: phase.steps,
+        partial: phase.partial,
+        samples: ((phase.steps as f32 + phase.partial) * 32.0).round() as u64,
+        loss,
+        flops: 0.0,
+    }
 }
 
 #[derive(Debug)]
@@ -165,7 +184,7 @@ impl Harness {
             match out {
                 Output::StartLocalPhase(p) => {
                     let r = toy_phase(k, &p, self.lr);
-                    let dt = Micros::from_secs_f64(p.steps as f64 / self.speeds[k]);
+                    let dt = Micros::from_secs_f64((p.steps as f64 + p.partial as f64) / self.speeds[k]);
                     self.push(now + dt, Ev::Input(k, Box::new(Input::LocalPhaseDone(r))));
                 }
                 Output::Publish(p) => {
@@ -295,6 +314,7 @@ fn barrier_delayed_nesterov_matches_diloco_by_hand() {
                 round: r,
                 anchor: Arc::new(x.clone()),
                 steps: 5,
+                partial: 0.0,
                 lr_scale: 1.0,
                 mode: LocalMode::Train,
                 pull: cfg.pull,
@@ -579,7 +599,8 @@ fn a_resumed_node_takes_back_its_own_lost_updates() {
 #[test]
 fn a_starved_speed_estimate_still_trains_now_and_then() {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
-    cfg.schedule = Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000), overlap: false };
+    cfg.schedule =
+        Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000), overlap: false, partial_step: false };
     let me = Keypair::deterministic(5, 0).node_id();
     // 1 step/s: 2 steps per 2 s tick, below h_min.
     let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 1.0, 1);

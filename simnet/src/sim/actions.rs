@@ -18,9 +18,11 @@ impl Sim<'_> {
                 let n = &mut self.nodes[k];
                 let steps = if p.mode == ragtag_protocol::engine::LocalMode::Gradient { 1 } else { p.steps };
                 let deadline = p.deadline.map(|d| d.as_secs_f64());
-                let (steps, duration) = n.profile.phase_until(self.now, steps, self.scenario.step_cost_s, deadline);
+                let (steps, partial, duration) =
+                    n.profile.phase_until(self.now, steps, p.partial, self.scenario.step_cost_s, deadline);
                 if p.mode != ragtag_protocol::engine::LocalMode::Gradient {
                     p.steps = steps;
+                    p.partial = partial;
                 }
                 n.phase_started(self.now);
                 // The math runs with the other phases of this instant.

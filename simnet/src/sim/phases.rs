@@ -50,6 +50,7 @@ impl Sim<'_> {
                     .map(|j| {
                         let p = &jobs[j].phase;
                         trainer.set_lr_scale(p.lr_scale);
+                        trainer.set_partial_step(p.partial);
                         let r = trainer
                             .run_phase(&p.anchor, p.steps, p.mode, p.pull, p.seed)
                             .expect("training on the CPU does not fail on valid input");
@@ -71,6 +72,7 @@ impl Sim<'_> {
                 round: p.round,
                 params: result.params,
                 steps: result.steps,
+                partial: result.partial,
                 samples: result.samples,
                 loss: result.loss,
                 flops: result.flops,
