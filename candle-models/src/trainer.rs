@@ -172,12 +172,14 @@ impl Trainer {
     /// Ends the train-mode phases that follow with one more step on this
     /// fraction of a batch (the engine's `LocalPhase::partial`: the rest of
     /// a tick too short for a whole step); 0 for none. At least one row,
-    /// less than a whole batch.
+    /// less than a whole batch (so none with batches of one row).
     pub fn set_partial_step(&mut self, fraction: f32) {
         let batch = self.training.batch_size as usize;
-        let rows = if fraction.is_finite() { (fraction.clamp(0.0, 1.0) * batch as f32).round() as usize } else { 0 };
-        self.partial_rows =
-            if fraction > 0.0 && fraction.is_finite() { rows.clamp(1, batch.saturating_sub(1)) } else { 0 };
+        self.partial_rows = if fraction > 0.0 && fraction.is_finite() && batch > 1 {
+            ((fraction.min(1.0) * batch as f32).round() as usize).clamp(1, batch - 1)
+        } else {
+            0
+        };
     }
 
     /// Number of parameters.

@@ -388,4 +388,11 @@ fn a_partial_step_ends_the_phase_on_part_of_a_batch() {
     assert_eq!((cut.steps, cut.partial, cut.samples), (3, 0.0, 3 * batch));
     t.set_partial_step(0.0);
     assert_eq!(t.run_phase(&anchor, 3, LocalMode::Train, NO_PULL, 0).unwrap().samples, 3 * batch);
+    // Batches of one row have no part to take.
+    let mut one = teacher();
+    one.training.batch_size = 1;
+    let mut t = Trainer::new(one).unwrap();
+    t.set_partial_step(0.9);
+    let r = t.run_phase(&anchor, 3, LocalMode::Train, NO_PULL, 0).unwrap();
+    assert_eq!((r.steps, r.partial, r.samples), (3, 0.0, 3));
 }
