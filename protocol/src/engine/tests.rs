@@ -34,6 +34,9 @@ fn global_optimum(nodes: usize) -> Vec<f32> {
     (0..DIM).map(|i| (0..nodes).map(|k| target(k, i)).sum::<f32>() / nodes as f32).collect()
 }
 
+/// Samples a toy step stands for: a partial step counts its share of them.
+const TOY_BATCH: f32 = 32.0;
+
 fn toy_phase(node: usize, phase: &LocalPhase, lr: f32) -> LocalResult {
     let mut x = phase.anchor.as_ref().clone();
     if phase.mode == LocalMode::Gradient {
@@ -61,7 +64,7 @@ fn toy_phase(node: usize, phase: &LocalPhase, lr: f32) -> LocalResult {
         params: x,
         steps: phase.steps,
         partial: phase.partial,
-        samples: ((phase.steps as f32 + phase.partial) * 32.0).round() as u64,
+        samples: ((phase.steps as f32 + phase.partial) * TOY_BATCH).round() as u64,
         loss,
         flops: 0.0,
     }

@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// Seconds a harness node trained: its steps at its fixed speed.
+/// Seconds a harness node trained: its steps (a partial step as its share
+/// of the samples of one) at its fixed speed.
 fn trained_s(h: &Harness, k: usize) -> f64 {
-    h.engines[k].stats().steps as f64 / h.speeds[k]
+    h.engines[k].stats().samples as f64 / f64::from(TOY_BATCH) / h.speeds[k]
 }
 
 fn secs(m: Micros) -> f64 {
