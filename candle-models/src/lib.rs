@@ -20,6 +20,7 @@ pub mod optim;
 pub mod params;
 pub mod representation;
 pub mod trainer;
+pub mod update_trace;
 
 pub use error::{Error, Result};
 pub use trainer::{EvalResult, PhaseResult, Trainer, TrainerConfig};

@@ -309,6 +309,11 @@ pub struct RunArgs {
     /// Print a JSON line per round on stdout (for scripts and tests).
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub json: Option<bool>,
+    /// With --json, add each round's per-layer update sample and the
+    /// representation similarity of its model and anchor to the round line
+    /// (the heterogeneity study's measurements, for `ragtag-simnet real`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub trace_updates: Option<bool>,
 }
 
 /// Inner steps between held-out evaluations when no interval is given.
@@ -377,7 +382,8 @@ impl RunArgs {
             target_loss,
             eval_every,
             checkpoint_every,
-            json
+            json,
+            trace_updates
         );
         extend!(allow, bootstrap, listen);
         Ok(self)

@@ -367,6 +367,7 @@ async fn run(args: RunArgs) -> Result<ExitCode> {
         eval_every: args.eval_every.unwrap_or(eval_every),
         checkpoint_every: args.checkpoint_every.unwrap_or(checkpoint_every),
         json: args.json.unwrap_or(false),
+        trace_updates: args.trace_updates.unwrap_or(false),
         net: net_cfg,
         allow: allow_nodes,
     };

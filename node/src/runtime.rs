@@ -92,6 +92,8 @@ pub struct NodeOptions {
     pub checkpoint_every: u64,
     /// JSON lines on stdout.
     pub json: bool,
+    /// The study's per-round measurements in the JSON round lines.
+    pub trace_updates: bool,
     /// The network's configuration (keypair, topic, addresses, key...).
     pub net: net::Config,
     /// Allowed contributors (private swarms); `None` = anyone.
@@ -225,8 +227,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         device: opts.device,
         micro_batch: None,
     };
-    let pace = opts.pace;
-    let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, pace, trainer_tx))
+    let (pace, trace) = (opts.pace, opts.json && opts.trace_updates);
+    let trainer = tokio::task::spawn_blocking(move || trainer_thread::spawn(trainer_cfg, pace, trace, trainer_tx))
         .await?
         .map_err(RuntimeError::Trainer)?;
     if let Some(reason) = &trainer.info.fallback_reason {
@@ -473,7 +475,7 @@ impl Node {
 
     fn on_trainer_reply(&mut self, reply: TrainerReply) {
         match reply {
-            TrainerReply::PhaseDone { result, total_s, .. } => {
+            TrainerReply::PhaseDone { result, total_s, trace, .. } => {
                 self.phase.done(result.round);
                 self.busy_s += total_s;
                 self.metrics.rounds.inc();
@@ -507,6 +509,7 @@ impl Node {
                             "live": self.engine.live_nodes(), "peers": self.connected.len(),
                             "bytes_out": self.bytes_out,
                             "sketch": &ragtag_protocol::engine::anti_entropy::anchor_sketch(self.engine.anchor())[..32.min(self.engine.anchor().len())],
+                            "trace": trace,
                         }),
                     );
                 }

@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ragtag_models::{EvalResult, Trainer, TrainerConfig};
+use ragtag_models::{
+    EvalResult, Trainer, TrainerConfig,
+    data::Batch,
+    update_trace::{PROBE_ROWS, UpdateTrace},
+};
 use ragtag_protocol::engine::{LocalMode, LocalPhase, LocalResult, MIN_PARTIAL_STEP, PullConfig};
 
 /// Commands queued for the trainer at most.
@@ -62,6 +66,8 @@ pub enum TrainerReply {
         compute_s: f64,
         /// Wall time including the slowdown.
         total_s: f64,
+        /// The study's measurements of the round (`--trace-updates`).
+        trace: Option<Box<UpdateTrace>>,
     },
     /// An evaluation finished.
     Evaluated {
@@ -171,10 +177,12 @@ impl Pace {
 }
 
 /// Starts the trainer thread: builds the model and data on the device,
-/// measures the speed (as paced), then serves commands.
+/// measures the speed (as paced), then serves commands; with `trace`, each
+/// finished phase carries its [`UpdateTrace`].
 pub fn spawn(
     cfg: TrainerConfig,
     pace: Pace,
+    trace: bool,
     replies: tokio::sync::mpsc::Sender<TrainerReply>,
 ) -> Result<TrainerHandle, TrainerError> {
     let (tx, rx) = mpsc::sync_channel::<TrainerCommand>(COMMAND_CAPACITY);
@@ -192,7 +200,8 @@ pub fn spawn(
                     return;
                 }
             };
-            serve(&mut trainer, pace, rx, replies);
+            let probe = trace.then(|| trainer.probe_batch(PROBE_ROWS));
+            serve(&mut trainer, pace, probe.as_ref(), rx, replies);
         })
         .map_err(TrainerError::Thread)?;
     let info = info_rx.recv().map_err(|_| TrainerError::DiedAtStart)??;
@@ -223,9 +232,29 @@ fn start(cfg: &TrainerConfig, pace: Pace) -> Result<(Trainer, TrainerInfo), Trai
     Ok((trainer, info))
 }
 
+/// The study's measurements of a phase from `anchor` that ended at
+/// `local` (the similarity leaves the trainer's parameters at the anchor;
+/// the next phase imports its own).
+fn trace_of(
+    trainer: &mut Trainer,
+    probe: &Batch,
+    anchor: &[f32],
+    r: &ragtag_models::PhaseResult,
+) -> Option<Box<UpdateTrace>> {
+    let similarity = match trainer.representation_similarity(&r.params, anchor, probe) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("representation similarity not measured: {e}");
+            Vec::new()
+        }
+    };
+    UpdateTrace::of(trainer.layout(), anchor, &r.params, r.steps, r.first_loss, similarity).map(Box::new)
+}
+
 fn serve(
     trainer: &mut Trainer,
     pace: Pace,
+    probe: Option<&Batch>,
     rx: mpsc::Receiver<TrainerCommand>,
     replies: tokio::sync::mpsc::Sender<TrainerReply>,
 ) {
@@ -262,6 +291,10 @@ fn serve(
                 match trainer.run_phase_with(&p.anchor, p.steps, p.mode, p.pull, p.seed, go_on) {
                     Ok(r) => {
                         let compute_s = compute.as_secs_f64();
+                        let total_s = start.elapsed().as_secs_f64();
+                        let trace = probe
+                            .filter(|_| p.mode == LocalMode::Train)
+                            .and_then(|probe| trace_of(trainer, probe, &p.anchor, &r));
                         TrainerReply::PhaseDone {
                             result: LocalResult {
                                 round: p.round,
@@ -273,7 +306,8 @@ fn serve(
                                 flops: r.flops,
                             },
                             compute_s,
-                            total_s: start.elapsed().as_secs_f64(),
+                            total_s,
+                            trace,
                         }
                     }
                     Err(e) => TrainerReply::PhaseFailed { round: p.round, error: e.to_string() },

@@ -78,6 +78,11 @@ enum Command {
         /// the step cost that every process emulates).
         #[arg(long)]
         tick_ms: Option<u32>,
+        /// Record the per-layer measurements of virtual mode (layers.csv),
+        /// estimated from each node's traced rounds (`ragtag run
+        /// --trace-updates`).
+        #[arg(long)]
+        layers: bool,
         /// Where reports go.
         #[arg(long)]
         out: PathBuf,
@@ -119,9 +124,9 @@ enum Command {
         /// Where STUDY.md goes (its plots and figures go to docs/study/ there).
         #[arg(long, default_value = ".")]
         out: PathBuf,
-        /// Also run the MLP task's homogeneous and mixed swarms with real
-        /// processes (needs the ragtag and ragtag-bootstrap binaries beside
-        /// this one).
+        /// Also run one configuration per question of the MLP task with
+        /// real processes, tracing their rounds (needs the ragtag and
+        /// ragtag-bootstrap binaries beside this one).
         #[arg(long)]
         real: bool,
         /// Take the simulations from this study.json of an earlier run
@@ -212,7 +217,7 @@ fn main() -> Result<()> {
                 println!("({} events, {:.1}s wall)", summary.events, wall.elapsed().as_secs_f64());
             }
         }
-        Command::Real { scenario, nodes, speeds, strategy, duration, netem, tick_ms, out } => {
+        Command::Real { scenario, nodes, speeds, strategy, duration, netem, tick_ms, layers, out } => {
             let mut s = Scenario::load(&scenario)?;
             if !speeds.is_empty() || nodes.is_some() {
                 let n = nodes.unwrap_or(speeds.len() as u32).max(1) as usize;
@@ -222,8 +227,14 @@ fn main() -> Result<()> {
                     ..Default::default()
                 };
             }
-            let opts =
-                ragtag_simnet::real::RealOptions { strategy, duration_s: duration, netem, out: out.clone(), tick_ms };
+            let opts = ragtag_simnet::real::RealOptions {
+                strategy,
+                duration_s: duration,
+                netem,
+                out: out.clone(),
+                tick_ms,
+                trace_updates: layers,
+            };
             let output = ragtag_simnet::real::run_real(&s, &opts)?;
             let c = summarize(&s, &[strategy], 1, std::slice::from_ref(&output));
             write_all(&out, &c, std::slice::from_ref(&output))?;

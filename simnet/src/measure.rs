@@ -286,6 +286,22 @@ impl LayerRecorder {
     }
 }
 
+/// Each node's group for the layer measurements, from the nodes' speeds:
+/// 1 (slow) below the median speed, else 0 (fast). Equal speeds: halves by
+/// index, so a homogeneous control has the same two groups to compare as a
+/// mixed swarm.
+pub fn groups(speeds: &[f64]) -> Vec<usize> {
+    let mut sorted = speeds.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let Some(&median) = sorted.get(sorted.len() / 2) else { return Vec::new() };
+    let all_equal = sorted.first() == sorted.last();
+    speeds
+        .iter()
+        .enumerate()
+        .map(|(i, s)| if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(*s < median) })
+        .collect()
+}
+
 /// Staleness and drops over the whole run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Tally {
@@ -323,6 +339,14 @@ mod tests {
 
     fn phase(delta: &[f32]) -> PhaseRecord<'_> {
         PhaseRecord { delta, local: Some(delta), steps: 1, loss: 1.0 }
+    }
+
+    #[test]
+    fn slow_nodes_are_those_below_the_median_and_equal_ones_split_by_index() {
+        assert_eq!(groups(&[1.0, 1.0, 2.0, 4.0]), vec![1, 1, 0, 0]);
+        assert_eq!(groups(&[4.0, 0.5, 0.5, 0.5, 4.0]), vec![0, 0, 0, 0, 0]);
+        assert_eq!(groups(&[1.0; 4]), vec![0, 0, 1, 1]);
+        assert!(groups(&[]).is_empty());
     }
 
     fn similarity(cka: f64) -> Similarity {

@@ -2,7 +2,10 @@
 //! bootstrap) on loopback, or each in its own network namespace shaped by
 //! tc netem. Each process emulates its node's step cost (`--step-time`,
 //! the scenario's `step_cost_s / speed`); each node's round reports
-//! and final status become the same report and plots as virtual mode.
+//! and final status become the same report and plots as virtual mode, and
+//! with `trace_updates` the same per-layer measurements (`real/trace.rs`).
+
+mod trace;
 
 use std::{
     io::{BufRead, BufReader},
@@ -15,7 +18,7 @@ use std::{
 use ragtag_protocol::engine::{Schedule, Strategy};
 
 use crate::{
-    measure::{LayerRecorder, Sample, Tally},
+    measure::{Sample, Tally},
     netns::{Lab, NetnsError},
     scenario::Scenario,
     sim::{NodeOutput, RunOutput},
@@ -93,6 +96,9 @@ pub struct RealOptions {
     /// A fixed tick period (tick mode); `None` keeps the scenario's, derived
     /// from the step cost every process emulates.
     pub tick_ms: Option<u32>,
+    /// Have every node trace its rounds (`ragtag run --trace-updates`), so
+    /// the run has the per-layer measurements of the study.
+    pub trace_updates: bool,
 }
 
 struct Launched {
@@ -151,6 +157,8 @@ fn launch(prefix: &[String], bin: &Path, args: &[String], dir: &Path, offset_s: 
 struct NodeReport {
     rounds: Vec<RoundReport>,
     exit: Option<serde_json::Value>,
+    /// Its traced rounds (`trace_updates`): (t, trace).
+    traces: Vec<(f64, ragtag_models::update_trace::UpdateTrace)>,
 }
 
 /// What a node's `round` line says, as far as the report uses it.
@@ -241,6 +249,9 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if opts.trace_updates {
+            args.push("--trace-updates".into());
+        }
         if let Some(file) = &scenario.data_file {
             let file = std::path::absolute(file).map_err(RealError::DataPath)?;
             args.extend(["--data".to_string(), file.display().to_string()]);
@@ -280,6 +291,12 @@ pub fn run_real(scenario: &Scenario, opts: &RealOptions) -> Result<RunOutput, Re
                         tracing::warn!("a round line without t, samples or bytes_out, left out: {line}");
                         continue;
                     };
+                    if !v["trace"].is_null() {
+                        match serde_json::from_value(v["trace"].clone()) {
+                            Ok(trace) => report.traces.push((node.offset_s + t, trace)),
+                            Err(e) => tracing::warn!("a round's trace does not parse, left out: {e}"),
+                        }
+                    }
                     report.rounds.push(RoundReport {
                         t: node.offset_s + t,
                         eval: v["eval_loss"].as_f64().map(|l| l as f32),
@@ -355,6 +372,7 @@ fn to_output(
         t += scenario.sample_every_s;
     }
     let mut tally = Tally::default();
+    let groups = crate::measure::groups(&profiles.iter().map(|p| p.base).collect::<Vec<_>>());
     let nodes: Vec<NodeOutput> = reports
         .iter()
         .enumerate()
@@ -378,7 +396,7 @@ fn to_output(
             NodeOutput {
                 index: i,
                 speed: profiles[i].base,
-                group: 0,
+                group: groups[i],
                 busy_s: get("utilisation").unwrap_or(f64::NAN) * uptime,
                 alive_s: uptime,
                 bytes_sent: get("bytes_out").map_or_else(|| last.map_or(0, |x| x.bytes_out), |b| b as u64),
@@ -391,13 +409,20 @@ fn to_output(
             }
         })
         .collect();
+    let traced = reports
+        .iter()
+        .enumerate()
+        .flat_map(|(node, r)| {
+            r.traces.iter().map(move |(t, trace)| trace::TracedRound { t: *t, node, trace: trace.clone() })
+        })
+        .collect();
     RunOutput {
         strategy: opts.strategy,
         seed: 0,
         series,
         nodes,
         tally,
-        layers: LayerRecorder::new(Vec::new(), reports.len(), 0),
+        layers: trace::recorder_of(traced, &groups, scenario.sample_every_s, end),
         replica_losses: reports.iter().filter_map(|r| r.rounds.iter().rev().find_map(|x| x.eval)).collect(),
         time_to_target_s: target_at,
         end_s: end,

@@ -201,10 +201,7 @@ impl<'a> Sim<'a> {
         let evaluator =
             Trainer::with_dataset(trainer_cfg(u64::MAX, Shard::ALL), dataset.clone()).map_err(SimError::Trainer)?;
         let profiles = speed::profiles(scenario, seed);
-        let mut speeds: Vec<f64> = profiles.iter().map(|p| p.base).collect();
-        speeds.sort_by(f64::total_cmp);
-        let median = speeds[speeds.len() / 2];
-        let all_equal = speeds.first() == speeds.last();
+        let groups = crate::measure::groups(&profiles.iter().map(|p| p.base).collect::<Vec<_>>());
         let mut nodes = Vec::with_capacity(profiles.len());
         for (i, profile) in profiles.into_iter().enumerate() {
             let shard = if scenario.shards > 0 {
@@ -214,9 +211,7 @@ impl<'a> Sim<'a> {
             };
             let trainer = Trainer::with_dataset(trainer_cfg(seed ^ (i as u64 + 1) << 20, shard), dataset.clone())
                 .map_err(SimError::Trainer)?;
-            // Equal speeds: halves by index, so a homogeneous control has
-            // the same two groups to compare as a mixed swarm.
-            let group = if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(profile.base < median) };
+            let group = groups[i];
             let late = scenario.late.contains(&(i as u32));
             nodes.push(SimNode::new(i, seed, profile, group, trainer, late));
         }

@@ -4,10 +4,7 @@
 
 use super::{Sim, SimError};
 
-/// About this many representation rows per measurement (a probe of 512
-/// feature vectors or images, or of 32 sequences of the study's 16
-/// positions).
-pub const PROBE_ROWS: usize = 512;
+pub use ragtag_models::update_trace::PROBE_ROWS;
 
 impl Sim<'_> {
     /// Measures node group `group`'s round that ended at `local`, whose

@@ -12,6 +12,9 @@ use super::{
 };
 use crate::ablation::Spread;
 
+mod real;
+use real::real_section;
+
 fn fmt(s: Option<Spread>, digits: usize) -> String {
     match s {
         Some(s) => format!("{:.d$} ({:.d$}..{:.d$})", s.mean, s.min, s.max, d = digits),
@@ -87,11 +90,11 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
         w,
         "- **The norm guard** is not an arm: it lives in the node's validation of network input (`UpdateValidator`), which the simulator does not run (honest simulated peers deliver their updates directly), so turning it off would change nothing here.\n\
          - **Per-example losses**: a group's \"harder examples\" are read from the loss of each round's first batch at the anchor the round starts from (the examples it drew, at the model every node starts from), averaged per group, not per example. (A round's mean training loss would mislead: a fast node's long round descends further, so its mean is lower whatever its examples.) In the simulator every node draws from the same data stream with its own seed, so no node is handed harder examples by construction.\n\
-         - **Real processes** record no per-layer measurements (`ragtag-simnet real` reports the loss, bytes and staleness only), so questions 1, 2 and 4 are answered from the simulator alone; {}\n",
+         - **Real processes** {}\n",
         if study.real.is_empty() {
-            "question 3 was not checked with real processes in this run (`--real`)."
+            "were not run in this study (`--real` runs one configuration per question of the MLP task)."
         } else {
-            "question 3's ordering of the homogeneous and the mixed swarm is checked with real processes above, one run each."
+            "run one configuration per question of the MLP task, one run each (the section above): a real run has no spread of its own, its layer figures are estimated from strided samples of each tensor, and the char transformer is checked in the simulator only."
         }
     );
     md
@@ -524,60 +527,6 @@ fn q4(w: &mut String, study: &Study) {
             "\n**Answer ({})**: what turning each mechanism off changed against the preset: {}.\n",
             t.task.name(),
             changed.join("; ")
-        );
-    }
-}
-
-fn real_section(w: &mut String, study: &Study) {
-    if study.real.is_empty() {
-        return;
-    }
-    let _ = writeln!(w, "## Checked with real processes\n");
-    let _ = writeln!(
-        w,
-        "The same configurations as real `ragtag` processes on loopback, each emulating its node's step cost (`--step-time`), for the same number of seconds of wall time, one run each, beside the simulator's seeds (final held-out loss of the mean replica; best: smoothed over three samples):\n"
-    );
-    let _ = writeln!(w, "| task | shape | real: final (best) | simulator: final over seeds |");
-    let _ = writeln!(w, "| --- | --- | --- | --- |");
-    for c in &study.real {
-        let sim = study
-            .tasks
-            .iter()
-            .find(|t| t.task == c.task)
-            .and_then(|t| spread_of(figures(runs(t, c.shape, c.strategy, Arm::Preset)), |r| Some(r.final_loss)));
-        let _ = writeln!(
-            w,
-            "| {} | {} | {:.4} ({:.4}) | {} |",
-            c.task.name(),
-            c.shape.label(),
-            c.final_loss,
-            c.best_loss,
-            fmt(sim, 4)
-        );
-    }
-    let of = |shape: Shape| study.real.iter().find(|c| c.shape == shape);
-    if let (Some(h), Some(m)) = (of(Shape::HOMOGENEOUS), of(FOCUS)) {
-        let diffs = study.tasks.iter().find(|t| t.task == h.task).map_or_else(Vec::new, |t| {
-            paired(runs(t, FOCUS, h.strategy, Arm::Preset), runs(t, Shape::HOMOGENEOUS, h.strategy, Arm::Preset), |f| {
-                f.final_loss
-            })
-        });
-        let real = m.final_loss - h.final_loss;
-        let agrees = match sign_verdict(&diffs) {
-            "lower on every seed" => real < 0.0,
-            "higher on every seed" => real > 0.0,
-            _ => false,
-        };
-        let _ = writeln!(
-            w,
-            "\n**Check**: mixed minus homogeneous final loss, in the simulator {} ({}; the real processes run seed 0's data, teacher and initial model), with real processes {real:+.4} (one run each, so no spread): {}.\n",
-            sign_verdict(&diffs),
-            diffs_text(&diffs),
-            if agrees {
-                "the same direction"
-            } else {
-                "not confirmed: the real difference is not in the simulator's direction, or the simulator has none"
-            }
         );
     }
 }
