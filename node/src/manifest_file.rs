@@ -11,6 +11,8 @@ use ragtag_protocol::{
     manifest::{DataSpec, Manifest, ModelSpec, TrainingSpec},
 };
 
+mod engine_rationale;
+
 /// Manifest file errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestFileError {
@@ -195,6 +197,17 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         ),
         ("inner_lr".to_string(), engine.inner_lr.describe()),
     ]);
+    let o = &r.overrides;
+    let creator_set: Vec<&str> = [
+        ("schedule", o.grace.or(o.margin).is_some() || o.period_ms.is_some() || o.overlap.or(o.partial_step).is_some()),
+        ("staleness", o.weight.is_some() || o.measure.is_some() || o.tau_max.is_some()),
+        ("codec", o.codec.is_some() || o.error_feedback.is_some()),
+        ("anti_entropy", o.anti_entropy_every.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    rationale.extend(engine_rationale::engine_entries(&engine, r.strategy, &creator_set));
     if let Some(c) = engine.cooldown {
         rationale.insert("cooldown".to_string(), c.describe());
         if r.overrides.inner_lr.is_none() {
@@ -301,6 +314,32 @@ mod tests {
         assert_eq!(plain.engine.inner_lr, InnerLr::PLATEAU);
         r.overrides.cooldown = Some(Cooldown { start_s: 200, end_s: 100, final_scale: 0.0 });
         assert!(new_run(&r).unwrap_err().to_string().contains("cooldown must start before it ends"));
+    }
+
+    /// Every engine setting of a new run says why it has its value, within
+    /// the manifest's bound on an entry, and a creator's choice says so.
+    #[test]
+    fn the_schedule_staleness_codec_and_anti_entropy_have_their_reasons() {
+        for strategy in [Strategy::Gopals, Strategy::Ddp, Strategy::GopalsAsync] {
+            let mut r = run("teacher");
+            r.strategy = strategy;
+            let m = new_run(&r).unwrap();
+            for key in ["schedule", "staleness", "codec", "anti_entropy", "h", "outer", "inner_lr", "lr"] {
+                let text = m.rationale.get(key).unwrap_or_else(|| panic!("{strategy:?}: no reason for {key}"));
+                assert!(key.len() + text.len() <= ragtag_protocol::manifest::MAX_RATIONALE_BYTES, "{key}: {text}");
+                assert!(!text.starts_with("chosen by"), "{key}: {text}");
+            }
+        }
+        let m = new_run(&run("teacher")).unwrap();
+        assert!(m.rationale["schedule"].contains("Partial step on"), "{}", m.rationale["schedule"]);
+        let mut r = run("teacher");
+        r.overrides.partial_step = Some(false);
+        r.overrides.anti_entropy_every = Some(0);
+        let m = new_run(&r).unwrap();
+        assert!(m.rationale["schedule"].starts_with("chosen by the run's creator"));
+        assert!(m.rationale["schedule"].contains("Partial step off"));
+        assert!(m.rationale["anti_entropy"].starts_with("chosen by the run's creator"));
+        assert!(!m.rationale["staleness"].starts_with("chosen by"));
     }
 
     #[test]
