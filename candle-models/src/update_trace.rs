@@ -27,8 +27,10 @@ pub struct LayerTrace {
     pub stride: usize,
     /// The update (anchor minus local model), sampled, each value scaled
     /// by sqrt(stride) so the sample's norm estimates the layer's.
+    #[serde(deserialize_with = "values_or_nan")]
     pub update: Vec<f32>,
     /// The local model at the end of the round, sampled and scaled alike.
+    #[serde(deserialize_with = "values_or_nan")]
     pub local: Vec<f32>,
 }
 
@@ -39,11 +41,24 @@ pub struct UpdateTrace {
     pub layers: Vec<LayerTrace>,
     /// Whole inner steps of the round.
     pub steps: u32,
-    /// Training loss of the round's first batch, at the anchor.
+    /// Training loss of the round's first batch, at the anchor (NaN when
+    /// the round had none).
+    #[serde(deserialize_with = "value_or_nan")]
     pub first_loss: f32,
     /// Per hidden layer, linear CKA of the local model and the anchor on
     /// the probe (`None`: constant there).
     pub similarity: Vec<(String, Option<f64>)>,
+}
+
+/// JSON writes a NaN as null (a round without a first batch, a diverged
+/// model): read it back as NaN instead of refusing the whole trace.
+fn value_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    Ok(Option::<f32>::deserialize(d)?.unwrap_or(f32::NAN))
+}
+
+/// [`value_or_nan`] for every value of a sample.
+fn values_or_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f32>, D::Error> {
+    Ok(Vec::<Option<f32>>::deserialize(d)?.into_iter().map(|v| v.unwrap_or(f32::NAN)).collect())
 }
 
 impl LayerTrace {
@@ -144,6 +159,15 @@ mod tests {
     fn a_model_of_the_wrong_size_has_no_trace() {
         let l = layout(&[10]);
         assert!(UpdateTrace::of(&l, &[0.0; 10], &[0.0; 9], 1, 0.0, Vec::new()).is_none());
+    }
+
+    #[test]
+    fn a_nan_is_read_back_as_nan() {
+        let l = layout(&[2]);
+        let t = UpdateTrace::of(&l, &[1.0, f32::NAN], &[0.5, 2.0], 2, f32::NAN, Vec::new()).unwrap();
+        let back: UpdateTrace = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert!(back.first_loss.is_nan() && back.layers[0].update[1].is_nan());
+        assert_eq!(back.layers[0].update[0], 0.5);
     }
 
     #[test]

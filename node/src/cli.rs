@@ -312,6 +312,8 @@ pub struct RunArgs {
     /// With --json, add each round's per-layer update sample and the
     /// representation similarity of its model and anchor to the round line
     /// (the heterogeneity study's measurements, for `ragtag-simnet real`).
+    /// Costs two forward passes of a 512-row probe after each round,
+    /// outside the round's timing.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub trace_updates: Option<bool>,
 }

@@ -287,18 +287,18 @@ impl LayerRecorder {
 }
 
 /// Each node's group for the layer measurements, from the nodes' speeds:
-/// 1 (slow) below the median speed, else 0 (fast). Equal speeds: halves by
+/// 1 (slow) below the mean speed, else 0 (fast), so both groups have a
+/// node whatever the share of slow ones (a median would put every node of
+/// a swarm that is mostly slow in the fast group). Equal speeds: halves by
 /// index, so a homogeneous control has the same two groups to compare as a
 /// mixed swarm.
 pub fn groups(speeds: &[f64]) -> Vec<usize> {
-    let mut sorted = speeds.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let Some(&median) = sorted.get(sorted.len() / 2) else { return Vec::new() };
-    let all_equal = sorted.first() == sorted.last();
+    let mean = speeds.iter().sum::<f64>() / speeds.len().max(1) as f64;
+    let all_equal = speeds.iter().all(|s| *s == speeds[0]);
     speeds
         .iter()
         .enumerate()
-        .map(|(i, s)| if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(*s < median) })
+        .map(|(i, s)| if all_equal { usize::from(2 * i >= speeds.len()) } else { usize::from(*s < mean) })
         .collect()
 }
 
@@ -342,9 +342,11 @@ mod tests {
     }
 
     #[test]
-    fn slow_nodes_are_those_below_the_median_and_equal_ones_split_by_index() {
+    fn slow_nodes_are_those_below_the_mean_and_equal_ones_split_by_index() {
         assert_eq!(groups(&[1.0, 1.0, 2.0, 4.0]), vec![1, 1, 0, 0]);
-        assert_eq!(groups(&[4.0, 0.5, 0.5, 0.5, 4.0]), vec![0, 0, 0, 0, 0]);
+        // Mostly slow: the slow ones are still a group.
+        assert_eq!(groups(&[4.0, 0.5, 0.5, 0.5, 4.0]), vec![0, 1, 1, 1, 0]);
+        assert_eq!(groups(&[0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 3.4, 3.4]), vec![1, 1, 1, 1, 1, 1, 0, 0]);
         assert_eq!(groups(&[1.0; 4]), vec![0, 0, 1, 1]);
         assert!(groups(&[]).is_empty());
     }

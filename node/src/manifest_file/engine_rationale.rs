@@ -1,30 +1,37 @@
 //! Why the engine's schedule, staleness, codec and anti-entropy settings
 //! of a new run have their values: the manifest's rationale names the
-//! measurement behind each preset value (in BENCHMARKS.md), or says that
-//! the run's creator chose it.
+//! measurement behind each value (in BENCHMARKS.md), and whether the value
+//! is the strategy's preset or the run's creator chose it.
 
 use ragtag_protocol::engine::{EngineConfig, Schedule, StalenessWeight, Strategy};
 
-/// Rationale entries for the engine settings a run's creator did not set
-/// by hand (`creator_set` names those they did).
+fn on_off(v: bool) -> &'static str {
+    if v { "on" } else { "off" }
+}
+
+/// Rationale entries for the engine settings (`creator_set` names those the
+/// run's creator set by hand).
 pub(super) fn engine_entries(engine: &EngineConfig, strategy: Strategy, creator_set: &[&str]) -> Vec<(String, String)> {
-    let preset = strategy.name();
+    let preset = format!("the {} preset", strategy.name());
+    let source =
+        |key: &str| if creator_set.contains(&key) { "chosen by the run's creator".to_string() } else { preset.clone() };
     let mut v = Vec::new();
     let schedule = match engine.schedule {
         Schedule::Tick { grace, margin, period_ms, overlap, partial_step } => format!(
-            "ticks {}, grace {grace}, margin {margin} of a tick: the {preset} preset. Partial step {}: it took \
-             hetero-4x's least busy simulated node from 67-78% to 79-91% busy. Overlap {}: it cost 3.8x the \
-             time to target on hetero-8x-16 (BENCHMARKS.md: a partial step fills the tick; where the idle time goes)",
+            "ticks {}, grace {grace}, margin {margin} of a tick, partial step {}, overlap {}: {}. A partial step \
+             took hetero-4x's least busy simulated node from 67-78% to 79-91% busy; overlap cost 3.8x the time \
+             to target on hetero-8x-16 (BENCHMARKS.md: a partial step fills the tick; where the idle time goes)",
             period_ms.map_or_else(
                 || "every H / v_ref (v_ref: the 90th percentile speed)".into(),
                 |p| format!("every {p} ms")
             ),
-            if partial_step { "on" } else { "off" },
-            if overlap { "on" } else { "off" },
+            on_off(partial_step),
+            on_off(overlap),
+            source("schedule"),
         ),
-        Schedule::Barrier => format!("barrier: every member's update before the next round, the {preset} preset"),
+        Schedule::Barrier => format!("barrier (every member's update before the next round): {}", source("schedule")),
         Schedule::FreeRunning => {
-            format!("free running: a round starts when the last one is published, the {preset} preset")
+            format!("free running (a round starts when the last one is published): {}", source("schedule"))
         }
     };
     v.push(("schedule".to_string(), schedule));
@@ -37,33 +44,36 @@ pub(super) fn engine_entries(engine: &EngineConfig, strategy: Strategy, creator_
     v.push((
         "staleness".to_string(),
         format!(
-            "{weight} by {:?} lateness, dropped beyond {}: the {preset} preset. With 5% of messages lost, 2% of \
-             updates came late; dropping them ended worse on 5 of 6 seeds, this weight could not be told from 1 \
+            "{weight} by {:?} lateness, dropped beyond {}: {}. With 5% of messages lost, 2% of updates came \
+             late; dropping them ended worse on 5 of 6 seeds, (1 + tau)^-0.5 could not be told from full weight \
              (BENCHMARKS.md, staleness ablation)",
-            engine.staleness.measure, engine.staleness.tau_max
+            engine.staleness.measure,
+            engine.staleness.tau_max,
+            source("staleness")
         ),
     ));
     v.push((
         "codec".to_string(),
         format!(
-            "{}, error feedback {}: the {preset} preset. Top-k at 3% cut bytes per sample 3.8x but raised samples \
-             to target 1.2-3.6x in the simulator (BENCHMARKS.md, sparse top-k)",
+            "{}, error feedback {}: {}. Top-k at 3% cut bytes per sample 3.8x but raised samples to target \
+             1.2-3.6x in the simulator (BENCHMARKS.md, sparse top-k)",
             engine.codec.name(),
-            if engine.error_feedback { "on" } else { "off" }
+            on_off(engine.error_feedback),
+            source("codec")
         ),
     ));
-    v.push((
-        "anti_entropy".to_string(),
-        format!(
-            "one peer every {} rounds, anchors further apart than {} averaged: the {preset} preset; it brings \
-             replicas back together after a partition (tests/tests/partition.rs)",
-            engine.anti_entropy.every_rounds, engine.anti_entropy.distance_threshold
+    let anti_entropy = match engine.anti_entropy.every_rounds {
+        0 => format!(
+            "off: {}. Replicas that miss updates (a partition) are not brought back together",
+            source("anti_entropy")
         ),
-    ));
-    for (key, text) in &mut v {
-        if creator_set.contains(&key.as_str()) {
-            *text = format!("chosen by the run's creator ({text})");
-        }
-    }
+        n => format!(
+            "one peer every {n} rounds, anchors further apart than {} averaged: {}; it brings replicas back \
+             together after a partition (tests/tests/partition.rs)",
+            engine.anti_entropy.distance_threshold,
+            source("anti_entropy")
+        ),
+    };
+    v.push(("anti_entropy".to_string(), anti_entropy));
     v
 }

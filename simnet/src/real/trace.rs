@@ -30,14 +30,14 @@ pub(super) fn recorder_of(mut rounds: Vec<TracedRound>, groups: &[usize], every:
     let Some(first) = rounds.first() else { return LayerRecorder::new(Vec::new(), groups.len(), 0) };
     let (flat, layers) = first.trace.flat_update();
     let params = flat.len();
-    let names: Vec<String> = layers.iter().map(|(n, _)| n.clone()).collect();
-    let mut rec = LayerRecorder::new(layers, groups.len(), params);
+    let mut rec = LayerRecorder::new(layers.clone(), groups.len(), params);
     let mut next = rounds.iter().peekable();
     let mut t = every;
     while t <= end + every {
         while let Some(r) = next.next_if(|r| r.t <= t) {
             let (delta, these) = r.trace.flat_update();
-            let same = delta.len() == params && these.iter().map(|(n, _)| n).eq(names.iter());
+            let local = r.trace.flat_local();
+            let same = these == layers && delta.len() == params && local.len() == params;
             let Some(&group) = groups.get(r.node).filter(|_| same) else {
                 tracing::warn!(
                     "node {}'s traced round at {:.1} s does not match the others' layers: left out",
@@ -46,7 +46,6 @@ pub(super) fn recorder_of(mut rounds: Vec<TracedRound>, groups: &[usize], every:
                 );
                 continue;
             };
-            let local = r.trace.flat_local();
             rec.record(
                 r.node,
                 group,
@@ -108,10 +107,19 @@ mod tests {
 
     #[test]
     fn a_round_of_another_shape_is_left_out() {
-        let mut odd = round(0.6, 1, -1.0);
-        odd.trace.layers.pop();
-        let rec = recorder_of(vec![round(0.5, 0, 1.0), odd], &[0, 1], 1.0, 1.0);
-        assert!(rec.samples.is_empty(), "the slow group's only round was left out");
+        let mut fewer = round(0.6, 1, -1.0);
+        fewer.trace.layers.pop();
+        // The same total length, split differently between the layers.
+        let mut shifted = round(0.6, 1, -1.0);
+        shifted.trace.layers[0].update.push(0.0);
+        shifted.trace.layers[1].update.pop();
+        // A local model sample shorter than the update's.
+        let mut short = round(0.6, 1, -1.0);
+        short.trace.layers[1].local.pop();
+        for odd in [fewer, shifted, short] {
+            let rec = recorder_of(vec![round(0.5, 0, 1.0), odd], &[0, 1], 1.0, 1.0);
+            assert!(rec.samples.is_empty(), "the slow group's only round was left out");
+        }
         assert!(recorder_of(Vec::new(), &[0, 1], 1.0, 1.0).names().is_empty());
     }
 }

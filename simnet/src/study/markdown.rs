@@ -45,6 +45,12 @@ fn layer_names(t: &TaskStudy) -> Vec<String> {
         .map_or_else(Vec::new, |r| r.figures.layers.iter().map(|l| l.layer.clone()).collect())
 }
 
+/// The mean over layers of one layer figure (finite values only).
+fn layer_mean(r: &RunFigures, f: fn(&LayerFigures) -> f64) -> Option<f64> {
+    let v: Vec<f64> = r.layers.iter().map(f).filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 /// "differs" or "cannot tell" for two sets of seeds.
 fn verdict(a: Option<Spread>, b: Option<Spread>) -> &'static str {
     if separated(a, b) { "differs" } else { "cannot tell" }
@@ -213,7 +219,7 @@ fn q1(w: &mut String, study: &Study) {
     );
     let _ = writeln!(
         w,
-        "Fast and slow groups are the nodes above and below the median speed; in the homogeneous control (same seeds, same total compute) they are the first and second half of the nodes, so any difference the mixed swarm shows beyond the control's range is heterogeneity, not noise. Specialisation of the fast nodes in early layers would show as (a) fast and slow updates pointing apart (low cosine) in the early layers and not in the late ones, and (b) the fast group's update aligned with what the swarm applies (the sum of all updates) better than the slow group's there. Norms are per inner step, since a slow node's round has fewer steps.\n"
+        "Fast and slow groups are the nodes at or above and below the mean speed; in the homogeneous control (same seeds, same total compute) they are the first and second half of the nodes, so any difference the mixed swarm shows beyond the control's range is heterogeneity, not noise. Specialisation of the fast nodes in early layers would show as (a) fast and slow updates pointing apart (low cosine) in the early layers and not in the late ones, and (b) the fast group's update aligned with what the swarm applies (the sum of all updates) better than the slow group's there. Norms are per inner step, since a slow node's round has fewer steps.\n"
     );
     let cols = [("mixed", FOCUS, Arm::Preset), ("homogeneous", Shape::HOMOGENEOUS, Arm::Preset)];
     for t in &study.tasks {
@@ -448,12 +454,7 @@ fn q4(w: &mut String, study: &Study) {
             "| arm | final loss (reached, time) | fast-slow cosine | alignment lead | norm ratio | first-batch loss gap |"
         );
         let _ = writeln!(w, "| --- | --- | ---: | ---: | ---: | ---: |");
-        let layer_mean = |f: fn(&LayerFigures) -> f64| {
-            move |r: &RunFigures| {
-                let v: Vec<f64> = r.layers.iter().map(f).filter(|x| x.is_finite()).collect();
-                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-            }
-        };
+        let layer_mean = |f: fn(&LayerFigures) -> f64| move |r: &RunFigures| layer_mean(r, f);
         let metrics = |arm: Arm| {
             let rs = || {
                 figures(runs(

@@ -71,10 +71,8 @@ pub fn run(opts: &StudyOptions, dir: &Path) -> Result<Vec<RealCheck>, StudyError
             tick_ms: None,
             trace_updates: true,
         };
-        let out = run_real(&s, &real).map_err(|e| StudyError::Run {
-            what: format!("{} {} (real)", task.name(), shape.label()),
-            source: e.into(),
-        })?;
+        let out = run_real(&s, &real)
+            .map_err(|e| StudyError::Run { what: format!("{} {name} (real)", task.name()), source: e.into() })?;
         let f = RunFigures::of(&RunSummary::new(&s, &out), &out, s.duration_s);
         checks.push(RealCheck {
             task,
