@@ -186,8 +186,11 @@ impl Engine {
     /// canonical batch.
     pub(super) fn accept_payload(&mut self, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
-            self.tick_arrivals.entry(a.base_tick).or_default().insert(a.id.src);
-            self.note_contribution(a.id.src, a.base_tick);
+            // Arrivals count for the batch the update joins, which the
+            // exchange wait of the next tick waits for.
+            let key = self.batch_key(&a);
+            self.tick_arrivals.entry(key).or_default().insert(a.id.src);
+            self.note_contribution(a.id.src, key);
             let newest = self.tick_arrivals.keys().next_back().copied().unwrap_or(0);
             while self.tick_arrivals.first_key_value().is_some_and(|(k, _)| k + ARRIVAL_HISTORY < newest) {
                 self.tick_arrivals.pop_first();
@@ -204,11 +207,23 @@ impl Engine {
         }
     }
 
-    /// The batch an update belongs to: its base tick (tick mode) or its
-    /// round (barrier mode); free-running modes have one batch.
-    fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
+    /// The batch an update belongs to. Tick mode: the tick it was
+    /// published in, which is its base tick for a round cut at its deadline
+    /// and a later tick for a round that overran (fixed work), so every
+    /// replica puts it in the same batch however late its round ran, as long
+    /// as it arrives within that tick's grace. (Keyed by base tick, an
+    /// overrunning update landed in whichever batch each replica had open
+    /// when it arrived, and replicas drifted apart.) A publish tick more
+    /// than `tau_max` past the base counts as `tau_max + 1`: such an update
+    /// is dropped as too stale when its batch closes, not kept waiting for a
+    /// tick its sender named. Barrier mode: its round; free-running modes
+    /// have one batch.
+    pub(super) fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
         match self.cfg.schedule {
-            Schedule::Tick { .. } => a.base_tick,
+            Schedule::Tick { .. } => {
+                let cap = a.base_tick.saturating_add(u64::from(self.cfg.staleness.tau_max) + 1);
+                a.base_tick.max(a.publish_tick.min(cap))
+            }
             Schedule::Barrier => a.id.round,
             Schedule::FreeRunning => 0,
         }

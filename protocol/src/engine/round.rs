@@ -157,7 +157,10 @@ impl Engine {
     pub(super) fn tick_complete(&self, k: u64) -> bool {
         let arrived = self.tick_arrivals.get(&k);
         let me_in = arrived.is_some_and(|a| a.contains(&self.me));
-        if self.last_base_tick == Some(k) && !me_in {
+        // Our own round of tick k is published (in k, or later if it
+        // overran: then it joins a later batch and is not waited for here).
+        let mine_published = self.tick_arrivals.range(k..).any(|(_, a)| a.contains(&self.me));
+        if self.last_base_tick == Some(k) && !mine_published {
             return false;
         }
         let arrived_peers = arrived.map_or(0, |a| a.len() - usize::from(me_in));

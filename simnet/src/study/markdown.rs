@@ -95,7 +95,7 @@ pub fn render(study: &Study, command: &str, date: &str, machine: &str, plots: &[
     let _ = writeln!(
         w,
         "- **The norm guard** is not an arm: it lives in the node's validation of network input (`UpdateValidator`), which the simulator does not run (honest simulated peers deliver their updates directly), so turning it off would change nothing here.\n\
-         - **Replica agreement** is not in the tables: the simulator's loss is the mean replica's. With fixed work (question 4) replicas drift apart, because a round that overruns its tick is batched by when each replica receives it (a known engine issue, not fixed), so that arm's penalty includes the drift; the real check's final loss, the mean of each node's own replica, shows more of it than the simulator's.\n\
+         - **Replica agreement** is not in the tables: the simulator's loss is the mean replica's, the real check's the mean of each node's own replica's. With fixed work (question 4) a slow replica lags while it trains (it applies the batches that closed meanwhile when its next round starts), so there the two differ by more than noise.\n\
          - **Per-example losses**: a group's \"harder examples\" are read from the loss of each round's first batch at the anchor the round starts from (the examples it drew, at the model every node starts from), averaged per group, not per example. (A round's mean training loss would mislead: a fast node's long round descends further, so its mean is lower whatever its examples.) In the simulator every node draws from the same data stream with its own seed, so no node is handed harder examples by construction.\n\
          - **Real processes** {}\n",
         if study.real.is_empty() {
