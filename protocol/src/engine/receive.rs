@@ -218,7 +218,7 @@ impl Engine {
     /// is dropped as too stale when its batch closes, not kept waiting for a
     /// tick its sender named. Barrier mode: its round; free-running modes
     /// have one batch.
-    pub(super) fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
+    fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
         match self.cfg.schedule {
             Schedule::Tick { .. } => {
                 let cap = a.base_tick.saturating_add(u64::from(self.cfg.staleness.tau_max) + 1);
