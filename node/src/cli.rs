@@ -133,6 +133,12 @@ pub enum SwarmCommand {
         /// on plateaus (`--inner-lr plateau` keeps those too).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         budget: Option<u32>,
+        /// The share of the budget the cooldown takes, in (0, 1]; 1 makes
+        /// the rate fall from the run's start. Higher gets lower sooner in a
+        /// run long enough to reach its noise floor and ends higher in a
+        /// short one (BENCHMARKS.md, "over the whole run or its last fifth").
+        #[arg(long, requires = "budget", default_value_t = ragtag_protocol::engine::cooldown::DEFAULT_FRACTION)]
+        cooldown_fraction: f32,
         /// Directory to write manifest.toml (and swarm.key) into.
         #[arg(long)]
         out: PathBuf,
@@ -424,6 +430,30 @@ mod tests {
         let cli = Cli::parse_from(["ragtag", "run", "--config", cfg.to_str().unwrap()]);
         let Command::Run(args) = cli.command else { panic!("not run") };
         assert!(args.merged().unwrap_err().to_string().contains("no_such_flag"));
+    }
+
+    /// `--cooldown-fraction` shapes a budget's cooldown and means nothing
+    /// without one.
+    #[test]
+    fn a_cooldown_fraction_needs_a_budget() {
+        let new = |extra: &[&str]| {
+            let mut args = vec!["ragtag", "swarm", "new", "--name", "n", "--out", "x"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        assert!(new(&[]).is_ok());
+        let refused = new(&["--cooldown-fraction", "0.5"]).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::MissingRequiredArgument, "no budget: {refused}");
+        let fraction = |cli: Cli| match cli.command {
+            Command::Swarm { command: SwarmCommand::New { cooldown_fraction, budget, .. } } => {
+                (budget, cooldown_fraction)
+            }
+            _ => panic!("not swarm new"),
+        };
+        let given = new(&["--budget", "200", "--cooldown-fraction", "0.5"]).unwrap();
+        assert_eq!(fraction(given), (Some(200), 0.5));
+        let default = new(&["--budget", "200"]).unwrap();
+        assert_eq!(fraction(default), (Some(200), ragtag_protocol::engine::cooldown::DEFAULT_FRACTION));
     }
 
     #[test]

@@ -83,6 +83,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     probe_steps,
                     inner_lr,
                     budget,
+                    cooldown_fraction,
                     out,
                 },
         } => {
@@ -92,7 +93,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                 )
             })?;
             let inner_lr = inner_lr.map(|s| if s == "constant" { InnerLr::Constant } else { InnerLr::PLATEAU });
-            let cooldown = budget.map(Cooldown::for_budget);
+            let cooldown = budget.map(|b| Cooldown::for_budget(b, cooldown_fraction)).transpose()?;
             let overrides =
                 EngineOverrides { h, period_ms: tick_ms, codec, inner_lr, cooldown, ..EngineOverrides::default() };
             let start_ms = runtime::now().0 / 1000;

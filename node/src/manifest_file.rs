@@ -298,7 +298,7 @@ mod tests {
         use ragtag_protocol::engine::{cooldown::Cooldown, inner_lr::InnerLr};
         let dir = tempfile::tempdir().unwrap();
         let mut r = run("teacher");
-        r.overrides.cooldown = Some(Cooldown::for_budget(200));
+        r.overrides.cooldown = Some(Cooldown::for_budget(200, 0.2).unwrap());
         let m = new_run(&r).unwrap();
         assert_eq!(m.engine.cooldown, Some(Cooldown { start_s: 160, end_s: 200, final_scale: 0.0 }));
         assert!(m.rationale["cooldown"].contains("from 160 s to 200 s"), "{}", m.rationale["cooldown"]);

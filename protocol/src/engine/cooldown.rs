@@ -36,11 +36,14 @@ pub struct Cooldown {
 pub const DEFAULT_FRACTION: f32 = 0.2;
 
 impl Cooldown {
-    /// A linear cooldown to zero over the last [`DEFAULT_FRACTION`] of a
-    /// budget of `budget_s` seconds.
-    pub fn for_budget(budget_s: u32) -> Self {
-        let length = ((budget_s as f32 * DEFAULT_FRACTION).round() as u32).max(1).min(budget_s);
-        Cooldown { start_s: budget_s - length, end_s: budget_s, final_scale: 0.0 }
+    /// A linear cooldown to zero over the last `fraction` of a budget of
+    /// `budget_s` seconds (1: the rate falls from the run's start).
+    pub fn for_budget(budget_s: u32, fraction: f32) -> Result<Self, CooldownError> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(CooldownError::Fraction(fraction));
+        }
+        let length = ((budget_s as f32 * fraction).round() as u32).max(1).min(budget_s);
+        Ok(Cooldown { start_s: budget_s - length, end_s: budget_s, final_scale: 0.0 })
     }
 
     /// What the rate is multiplied by `since_start` after the run began.
@@ -60,9 +63,9 @@ impl Cooldown {
     /// One sentence for a manifest's rationale.
     pub fn describe(&self) -> String {
         format!(
-            "the inner rate falls linearly to x{} from {} s to {} s after the run's start, the last stretch of the \
-             budget its creator gave: a rate falling to zero gets under the noise floor of local steps at a fixed \
-             rate, as a cosine schedule does for DDP (BENCHMARKS.md, a budget's cooldown)",
+            "the inner rate falls linearly to x{} from {} s to {} s after the run's start, where the budget its \
+             creator gave ends: a rate falling to zero gets under the noise floor of local steps at a fixed rate, as \
+             a cosine schedule does for DDP (BENCHMARKS.md, a budget's cooldown)",
             self.final_scale, self.start_s, self.end_s
         )
     }
@@ -93,6 +96,9 @@ pub enum CooldownError {
     /// The final scale outside [0, 1].
     #[error("the cooldown's final scale must be in [0, 1], got {0}")]
     FinalScale(f32),
+    /// The share of the budget outside (0, 1].
+    #[error("the cooldown's share of the budget must be in (0, 1], got {0}")]
+    Fraction(f32),
 }
 
 #[cfg(test)]
@@ -119,9 +125,15 @@ mod tests {
 
     #[test]
     fn a_budget_cools_down_over_its_last_fifth() {
-        assert_eq!(Cooldown::for_budget(200), Cooldown { start_s: 160, end_s: 200, final_scale: 0.0 });
-        assert_eq!(Cooldown::for_budget(1), Cooldown { start_s: 0, end_s: 1, final_scale: 0.0 });
-        assert!(Cooldown::for_budget(3600).validate().is_ok());
+        let budget = |s, f| Cooldown::for_budget(s, f).unwrap();
+        assert_eq!(budget(200, DEFAULT_FRACTION), Cooldown { start_s: 160, end_s: 200, final_scale: 0.0 });
+        assert_eq!(budget(1, DEFAULT_FRACTION), Cooldown { start_s: 0, end_s: 1, final_scale: 0.0 });
+        assert!(budget(3600, DEFAULT_FRACTION).validate().is_ok());
+        assert_eq!(budget(200, 1.0), Cooldown { start_s: 0, end_s: 200, final_scale: 0.0 });
+        assert_eq!(budget(200, 0.5), Cooldown { start_s: 100, end_s: 200, final_scale: 0.0 });
+        for bad in [0.0, -0.1, 1.5, f32::NAN] {
+            assert!(matches!(Cooldown::for_budget(200, bad), Err(CooldownError::Fraction(_))), "{bad}");
+        }
     }
 
     #[test]
