@@ -69,6 +69,10 @@ pub const ANNOUNCE_HELD_BELOW: usize = 3;
 pub const MAX_FETCH_SOURCES: usize = 8;
 /// Most announcements fetched per anti-entropy exchange.
 pub const MAX_ANTI_ENTROPY_FETCHES: usize = 32;
+/// An update may name a tick at most this many ticks after the receiver's
+/// own (tick mode): loosely synchronised clocks, and a period change the
+/// receiver has not adopted from the leader's heartbeat yet.
+pub const FUTURE_TICK_SLACK: u64 = 2;
 /// Ticks of arrival bookkeeping kept.
 const ARRIVAL_HISTORY: u64 = 8;
 /// A fetch not answered within this long is abandoned.
@@ -195,6 +199,8 @@ pub struct Engine {
     awaiting: BTreeMap<UpdateId, Awaiting>,
     pending: Vec<Pending>,
     pending_ids: BTreeSet<UpdateId>,
+    /// (source, base tick) of each pending update (tick mode).
+    pending_ticks: BTreeSet<(NodeId, u64)>,
     tick_arrivals: BTreeMap<u64, BTreeSet<NodeId>>,
     /// Latest base tick each live peer contributed to, and how many live
     /// peers have each value: tick completeness in O(log N).
@@ -275,6 +281,7 @@ impl Engine {
             awaiting: BTreeMap::new(),
             pending: Vec::new(),
             pending_ids: BTreeSet::new(),
+            pending_ticks: BTreeSet::new(),
             tick_arrivals: BTreeMap::new(),
             last_tick_of: BTreeMap::new(),
             last_tick_counts: BTreeMap::new(),
@@ -303,7 +310,7 @@ impl Engine {
             Input::Start => self.on_start(now),
             Input::LocalPhaseDone(result) => self.on_local_phase_done(now, result),
             Input::Announcement { announcement, from } => self.on_announcement(now, announcement, from),
-            Input::Update { announcement, from, payload } => self.on_update(announcement, from, payload),
+            Input::Update { announcement, from, payload } => self.on_update(now, announcement, from, payload),
             Input::PayloadSource { id, from } => self.on_payload_source(id, from),
             Input::Payload { id, bytes } => self.on_payload(id, bytes),
             Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),

@@ -30,11 +30,19 @@ pub enum RejectReason {
     NotAllowed,
     /// The payload does not hash to the announced hash.
     HashMismatch,
+    /// Names a tick later than the receiver's clock allows (tick mode): a
+    /// forged tick would hold its update, and the peer's place in the
+    /// exchange wait, in batches that are not due yet.
+    FromTheFuture,
+    /// A second update from one source for one base tick (tick mode): an
+    /// honest node trains one round per tick, and a flood of them would
+    /// fill the queue of pending updates and close batches early.
+    SecondInTick,
 }
 
 impl RejectReason {
     /// Every reason, for metric labels.
-    pub const ALL: [RejectReason; 11] = [
+    pub const ALL: [RejectReason; 13] = [
         RejectReason::TooLarge,
         RejectReason::Malformed,
         RejectReason::BadSignature,
@@ -46,6 +54,8 @@ impl RejectReason {
         RejectReason::TooStale,
         RejectReason::NotAllowed,
         RejectReason::HashMismatch,
+        RejectReason::FromTheFuture,
+        RejectReason::SecondInTick,
     ];
 
     /// A snake_case name for metrics and logs.
@@ -62,15 +72,23 @@ impl RejectReason {
             RejectReason::TooStale => "too_stale",
             RejectReason::NotAllowed => "not_allowed",
             RejectReason::HashMismatch => "hash_mismatch",
+            RejectReason::FromTheFuture => "from_the_future",
+            RejectReason::SecondInTick => "second_in_tick",
         }
     }
 
     /// True when the reason shows misbehaviour (lowers the sender's score),
     /// rather than bad luck such as a slow link. A replay is not: whether an
     /// update was already applied depends on the receiver's state, and an
-    /// honest peer that has not applied it yet may well forward it.
+    /// honest peer that has not applied it yet may well forward it. Nor is a
+    /// tick from the future (the receiver's clock may lag a period change)
+    /// or a second update in a tick (a node resumed from a checkpoint may
+    /// publish one; honest peers forward both).
     pub fn is_misbehaviour(self) -> bool {
-        !matches!(self, RejectReason::TooStale | RejectReason::Replay)
+        !matches!(
+            self,
+            RejectReason::TooStale | RejectReason::Replay | RejectReason::FromTheFuture | RejectReason::SecondInTick
+        )
     }
 }
 

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use super::{
-    ANNOUNCE_HELD_BELOW, ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, MAX_AWAITING, MAX_PENDING,
-    Output, Pending,
+    ANNOUNCE_HELD_BELOW, ARRIVAL_HISTORY, Awaiting, Engine, EngineEvent, FETCH_TIMEOUT, FUTURE_TICK_SLACK,
+    MAX_AWAITING, MAX_PENDING, Output, Pending,
     config::{Schedule, StalenessMeasure},
     inner_lr::LrChange,
     staleness::staleness_weight,
@@ -67,10 +67,20 @@ impl Engine {
         self.awaiting.contains_key(id) || self.pending_ids.contains(id)
     }
 
-    /// Checks a new announcement: not ours, not seen, not too stale. Returns
-    /// true when its payload is wanted. Known-but-pending updates record
-    /// `from` as another source.
-    fn admit(&mut self, a: &UpdateAnnouncement, from: NodeId) -> bool {
+    /// Tick mode: `a` names a base or publish tick more than
+    /// [`FUTURE_TICK_SLACK`] ticks after ours at `now`.
+    fn names_a_future_tick(&self, a: &UpdateAnnouncement, now: Micros) -> bool {
+        let Some(clock) = self.clock.as_ref().filter(|_| matches!(self.cfg.schedule, Schedule::Tick { .. })) else {
+            return false;
+        };
+        let limit = clock.tick(now).saturating_add(FUTURE_TICK_SLACK);
+        a.base_tick > limit || a.publish_tick > limit
+    }
+
+    /// Checks a new announcement: not ours, not seen, not from the future,
+    /// not too stale. Returns true when its payload is wanted.
+    /// Known-but-pending updates record `from` as another source.
+    fn admit(&mut self, now: Micros, a: &UpdateAnnouncement, from: NodeId) -> bool {
         if a.run_id != self.run_id || a.num_values as usize != self.anchor.len() {
             return false; // the shell's validator refuses these before us
         }
@@ -89,6 +99,13 @@ impl Engine {
         if self.pending_ids.contains(&a.id) {
             return false; // known: not awaited (checked above), so pending
         }
+        if self.names_a_future_tick(a, now) {
+            // Not given up: the same update is admitted if it comes again
+            // once our clock has caught up (anti-entropy offers it again).
+            *self.stats.dropped.entry(RejectReason::FromTheFuture).or_insert(0) += 1;
+            self.event(EngineEvent::Dropped { id: a.id, reason: RejectReason::FromTheFuture });
+            return false;
+        }
         let tau = self.staleness(a, None);
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, true);
@@ -98,7 +115,7 @@ impl Engine {
     }
 
     pub(super) fn on_announcement(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId) {
-        if !self.admit(&a, from) {
+        if !self.admit(now, &a, from) {
             return;
         }
         if self.awaiting.len() >= MAX_AWAITING
@@ -113,8 +130,8 @@ impl Engine {
 
     /// An announcement that arrived with its (validated) payload inline:
     /// small models' updates fit in one gossip message.
-    pub(super) fn on_update(&mut self, a: UpdateAnnouncement, from: NodeId, bytes: Arc<Vec<u8>>) {
-        if !self.admit(&a, from) {
+    pub(super) fn on_update(&mut self, now: Micros, a: UpdateAnnouncement, from: NodeId, bytes: Arc<Vec<u8>>) {
+        if !self.admit(now, &a, from) {
             return;
         }
         if bytes.len() as u64 != a.payload_len || Payload::parse(a.codec, self.anchor.len(), &bytes).is_err() {
@@ -185,7 +202,12 @@ impl Engine {
     /// A structurally valid update: apply it now, or queue it for the next
     /// canonical batch.
     pub(super) fn accept_payload(&mut self, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
-        if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
+        let tick_mode = matches!(self.cfg.schedule, Schedule::Tick { .. });
+        if tick_mode && self.cfg.canonical_batches && self.pending_ticks.contains(&(a.id.src, a.base_tick)) {
+            self.drop_update(&a, RejectReason::SecondInTick, false);
+            return;
+        }
+        if tick_mode {
             // Arrivals count for the batch the update joins, which the
             // exchange wait of the next tick waits for.
             let key = self.batch_key(&a);
@@ -201,6 +223,7 @@ impl Engine {
                 self.apply_pending(None);
             }
             self.pending_ids.insert(a.id);
+            self.pending_ticks.insert((a.id.src, a.base_tick));
             self.pending.push(Pending { announcement: a, bytes });
         } else {
             self.apply_one(&a, &bytes, None, None);
@@ -229,6 +252,12 @@ impl Engine {
         }
     }
 
+    /// Rebuilds the indexes of the pending queue.
+    pub(super) fn index_pending(&mut self) {
+        self.pending_ids = self.pending.iter().map(|p| p.announcement.id).collect();
+        self.pending_ticks = self.pending.iter().map(|p| (p.announcement.id.src, p.announcement.base_tick)).collect();
+    }
+
     /// Applies the queued updates of batches before `upto` (all when
     /// `None`) in canonical order (batch, source, round), so replicas given
     /// the same batches end bit-identical whatever the arrival order; then
@@ -242,7 +271,7 @@ impl Engine {
             .into_iter()
             .partition(|p| upto.is_none_or(|u| self.batch_key(&p.announcement) < u));
         self.pending = later;
-        self.pending_ids = self.pending.iter().map(|p| p.announcement.id).collect();
+        self.index_pending();
         if batch.is_empty() {
             return;
         }
@@ -264,6 +293,7 @@ impl Engine {
                 // Late, and the open batch it would join is not due yet:
                 // closing it now would put this replica a tick ahead.
                 self.pending_ids.insert(a.id);
+                self.pending_ticks.insert((a.id.src, a.base_tick));
                 self.pending.push(p);
                 continue;
             }

@@ -181,8 +181,8 @@ impl Engine {
         self.applied = state.applied;
         self.clock = state.clock;
         self.last_closed_key = state.last_closed_key;
-        self.pending_ids = state.pending.iter().map(|p| p.announcement.id).collect();
         self.pending = state.pending;
+        self.index_pending();
         self.phase = Phase::Created;
     }
 }

@@ -15,6 +15,7 @@ use proptest::prelude::{ProptestConfig, prop_assert, proptest};
 use super::*;
 use crate::{codec::CodecKind, identity::Keypair, ids::Hash32};
 
+mod forged_ticks;
 mod idle;
 mod inner_lr;
 mod late_updates;
