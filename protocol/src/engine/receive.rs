@@ -77,8 +77,16 @@ impl Engine {
         a.base_tick > limit || a.publish_tick > limit
     }
 
+    /// Tick mode with canonical batches: an update of `a`'s source and base
+    /// tick is already pending.
+    fn second_in_tick(&self, a: &UpdateAnnouncement) -> bool {
+        matches!(self.cfg.schedule, Schedule::Tick { .. })
+            && self.cfg.canonical_batches
+            && self.pending_ticks.contains(&(a.id.src, a.base_tick))
+    }
+
     /// Checks a new announcement: not ours, not seen, not from the future,
-    /// not too stale. Returns true when its payload is wanted.
+    /// not a second in its tick, not too stale. Returns true when its payload is wanted.
     /// Known-but-pending updates record `from` as another source.
     fn admit(&mut self, now: Micros, a: &UpdateAnnouncement, from: NodeId) -> bool {
         if a.run_id != self.run_id || a.num_values as usize != self.anchor.len() {
@@ -104,6 +112,12 @@ impl Engine {
             // once our clock has caught up (anti-entropy offers it again).
             *self.stats.dropped.entry(RejectReason::FromTheFuture).or_insert(0) += 1;
             self.event(EngineEvent::Dropped { id: a.id, reason: RejectReason::FromTheFuture });
+            return false;
+        }
+        if self.second_in_tick(a) {
+            // Refused before its payload is fetched; `accept_payload` checks
+            // again for one whose first arrived while it was fetched.
+            self.drop_update(a, RejectReason::SecondInTick, false);
             return false;
         }
         let tau = self.staleness(a, None);
@@ -202,12 +216,11 @@ impl Engine {
     /// A structurally valid update: apply it now, or queue it for the next
     /// canonical batch.
     pub(super) fn accept_payload(&mut self, a: UpdateAnnouncement, bytes: Arc<Vec<u8>>) {
-        let tick_mode = matches!(self.cfg.schedule, Schedule::Tick { .. });
-        if tick_mode && self.cfg.canonical_batches && self.pending_ticks.contains(&(a.id.src, a.base_tick)) {
+        if self.second_in_tick(&a) {
             self.drop_update(&a, RejectReason::SecondInTick, false);
             return;
         }
-        if tick_mode {
+        if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             // Arrivals count for the batch the update joins, which the
             // exchange wait of the next tick waits for.
             let key = self.batch_key(&a);
