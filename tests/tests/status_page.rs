@@ -76,7 +76,8 @@ fn the_status_page_shows_the_peer_and_the_loss_chart_in_a_browser() {
     let polyline = dom.split("<polyline").nth(1).expect("a loss line");
     assert!(polyline.split(" points=\"").nth(1).unwrap().split('"').next().unwrap().split(' ').count() >= 3);
 
-    let shot = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/status-page.png");
+    // Under the target directory wherever it is (CARGO_TARGET_DIR moves it).
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     let _ = std::fs::remove_file(&shot);
     let out = chromium(&bin, &[&format!("--screenshot={}", shot.display()), "--window-size=1100,1500"], &url);
     assert!(
