@@ -181,6 +181,9 @@ pub(crate) struct Node {
 /// Runs a node until a stop condition or a signal.
 pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     let manifest = opts.manifest.clone();
+    if manifest.engine.aggregation.is_some() {
+        return Err(RuntimeError::AggregationUnsupported);
+    }
     let run_id = manifest.run_id();
     let me = opts.key.node_id();
 

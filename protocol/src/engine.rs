@@ -13,6 +13,7 @@
 //! tensors. Every mechanism is a switch in [`EngineConfig`]; the baselines
 //! (`ddp`, `diloco`, `diloco-proportional`, `async`) are presets.
 
+mod aggregation;
 pub mod anti_entropy;
 pub mod config;
 pub mod cooldown;
@@ -234,6 +235,8 @@ pub struct Engine {
     heartbeat_seq: u64,
     outputs: VecDeque<Output>,
     stats: EngineStats,
+    /// Aggregated dissemination's sums, votes and fetches.
+    aggregation: aggregation::AggregationState,
 }
 
 impl Engine {
@@ -300,6 +303,7 @@ impl Engine {
             heartbeat_seq: 0,
             outputs: VecDeque::new(),
             stats: EngineStats::default(),
+            aggregation: aggregation::AggregationState::default(),
         }
     }
 
@@ -323,8 +327,14 @@ impl Engine {
             }
             Input::PeerDigest { from, digest } => self.on_peer_digest(from, digest),
             Input::PeerAnchor { from, state } => self.on_peer_anchor(from, *state),
+            Input::AggregateAnnouncement { announcement, from } => {
+                self.on_aggregate_announcement(now, announcement, from)
+            }
+            Input::AggregateBody { key, group, from, bytes } => self.on_aggregate_body(key, group, from, bytes),
+            Input::AggregateFetchFailed { key, group, from } => self.next_aggregate_source(key, group, from),
             Input::Leave => self.on_leave(now),
         }
+        self.publish_due_aggregates(now);
         self.try_start_round(now);
     }
 
@@ -341,6 +351,7 @@ impl Engine {
         if self.wake_at.is_some_and(|t| now >= t) {
             self.wake_at = None;
         }
+        self.publish_due_aggregates(now);
         self.try_start_round(now);
     }
 
@@ -356,6 +367,7 @@ impl Engine {
             }
         };
         consider(self.wake_at);
+        consider(self.aggregation.wake_at);
         consider(self.membership.next_expiry());
         consider(self.awaiting.values().map(|a| a.since + FETCH_TIMEOUT + Micros(1)).min());
         t

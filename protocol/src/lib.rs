@@ -14,11 +14,13 @@
 //!    reasons for refusing peer input), `codec`; then `identity` and
 //!    `version` over `ids`.
 //! 2. `ledger`: the signed records and receipts.
-//! 3. `wire`: the messages, which carry ledger records, and their limits.
+//! 3. `wire`: the messages, which carry ledger records, and their limits;
+//!    `aggregate`: the signed sums of aggregated dissemination.
 //! 4. `chunks` (reassembly of chunked payloads and states) and `validate`
 //!    (what a peer's update must pass before it is used).
 //! 5. `engine` (its configuration included) and, over it, `manifest`.
 
+pub mod aggregate;
 pub mod chunks;
 pub mod codec;
 pub mod engine;

@@ -38,11 +38,20 @@ pub enum RejectReason {
     /// honest node trains one round per tick, and a flood of them would
     /// fill the queue of pending updates and close batches early.
     SecondInTick,
+    /// An aggregate signed by a node that is not a designated aggregator of
+    /// its group and tick in the receiver's view.
+    NotAnAggregator,
+    /// An aggregate whose members do not belong in it (another group or
+    /// tick, already applied, a count other than announced).
+    AggregateMismatch,
+    /// An update that no quorum aggregate of its tick included: it arrived
+    /// after its aggregators had summed their group.
+    MissedAggregate,
 }
 
 impl RejectReason {
     /// Every reason, for metric labels.
-    pub const ALL: [RejectReason; 13] = [
+    pub const ALL: [RejectReason; 16] = [
         RejectReason::TooLarge,
         RejectReason::Malformed,
         RejectReason::BadSignature,
@@ -56,6 +65,9 @@ impl RejectReason {
         RejectReason::HashMismatch,
         RejectReason::FromTheFuture,
         RejectReason::SecondInTick,
+        RejectReason::NotAnAggregator,
+        RejectReason::AggregateMismatch,
+        RejectReason::MissedAggregate,
     ];
 
     /// A snake_case name for metrics and logs.
@@ -74,6 +86,9 @@ impl RejectReason {
             RejectReason::HashMismatch => "hash_mismatch",
             RejectReason::FromTheFuture => "from_the_future",
             RejectReason::SecondInTick => "second_in_tick",
+            RejectReason::NotAnAggregator => "not_an_aggregator",
+            RejectReason::AggregateMismatch => "aggregate_mismatch",
+            RejectReason::MissedAggregate => "missed_aggregate",
         }
     }
 
@@ -83,11 +98,18 @@ impl RejectReason {
     /// honest peer that has not applied it yet may well forward it. Nor is a
     /// tick from the future (the receiver's clock may lag a period change)
     /// or a second update in a tick (a node resumed from a checkpoint may
-    /// publish one; honest peers forward both).
+    /// publish one; honest peers forward both), an aggregate from a node
+    /// our view does not designate (views differ while membership changes)
+    /// or an update that missed its aggregate (late).
     pub fn is_misbehaviour(self) -> bool {
         !matches!(
             self,
-            RejectReason::TooStale | RejectReason::Replay | RejectReason::FromTheFuture | RejectReason::SecondInTick
+            RejectReason::TooStale
+                | RejectReason::Replay
+                | RejectReason::FromTheFuture
+                | RejectReason::SecondInTick
+                | RejectReason::NotAnAggregator
+                | RejectReason::MissedAggregate
         )
     }
 }

@@ -322,6 +322,10 @@ pub struct Tally {
     /// The lowest inner learning-rate scale any replica reached.
     #[serde(default)]
     pub inner_lr_scale_min: Option<f32>,
+    /// Groups a replica closed a batch without a quorum sum for
+    /// (aggregated dissemination), over all replicas.
+    #[serde(default)]
+    pub aggregates_missed: u64,
 }
 
 impl Tally {

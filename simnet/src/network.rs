@@ -16,6 +16,8 @@ pub struct Network {
     rng: SeededRng,
     /// Bytes each node has sent.
     pub bytes_sent: Vec<u64>,
+    /// Bytes each node has received.
+    pub bytes_received: Vec<u64>,
     /// Messages lost (random loss or partition).
     pub lost: u64,
 }
@@ -31,6 +33,7 @@ impl Network {
             group: vec![0; nodes],
             rng: SeededRng::derive(seed, "network"),
             bytes_sent: vec![0; nodes],
+            bytes_received: vec![0; nodes],
             lost: 0,
         }
     }
@@ -67,6 +70,7 @@ impl Network {
             self.lost += 1;
             return None;
         }
+        self.bytes_received[to] += bytes as u64;
         Some(done + self.latency_s)
     }
 
@@ -86,6 +90,7 @@ impl Network {
             if !self.connected(from, t) || (self.loss > 0.0 && self.rng.bernoulli(self.loss)) {
                 self.lost += 1;
             } else {
+                self.bytes_received[t] += bytes as u64;
                 reached.push(t);
             }
         }
@@ -115,6 +120,7 @@ mod tests {
         n.heal();
         assert!(n.send(2.0, 0, 1, 10).is_some());
         assert_eq!(n.bytes_sent[0], 2020);
+        assert_eq!(n.bytes_received[1], 1010);
         assert_eq!(n.lost, 1);
         n.partition(&[vec![0, 1], vec![2]]);
         let (reached, at) = n.send_wave(3.0, 0, &[1, 2], 500);

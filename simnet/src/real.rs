@@ -400,6 +400,7 @@ fn to_output(
                 busy_s: get("utilisation").unwrap_or(f64::NAN) * uptime,
                 alive_s: uptime,
                 bytes_sent: get("bytes_out").map_or_else(|| last.map_or(0, |x| x.bytes_out), |b| b as u64),
+                bytes_received: get("bytes_in").map_or(0, |b| b as u64),
                 updates: get("rounds").map_or(r.rounds.len() as u64, |n| n as u64),
                 samples: get("samples").map_or_else(|| last.map_or(0, |x| x.samples), |n| n as u64),
                 idle_s: status

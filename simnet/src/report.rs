@@ -84,6 +84,16 @@ pub struct RunSummary {
     pub bytes_per_node_mean: f64,
     /// Bytes sent per sample processed.
     pub bytes_per_sample: f64,
+    /// Bytes a node sent and received per round it trained, mean over the
+    /// nodes that trained (absent in reports written before).
+    #[serde(default)]
+    pub node_bytes_per_round_mean: f64,
+    /// The same, for the node with the most.
+    #[serde(default)]
+    pub node_bytes_per_round_max: f64,
+    /// Groups closed without a quorum sum (aggregated dissemination).
+    #[serde(default)]
+    pub aggregates_missed: u64,
     /// Mean utilisation (busy / up) over nodes.
     pub utilisation_mean: f64,
     /// Lowest node utilisation.
@@ -162,6 +172,12 @@ impl RunSummary {
             })
             .collect();
         let alive: Vec<&NodeSummary> = per_node.iter().filter(|n| n.node.alive_s > 0.0).collect();
+        let per_round: Vec<f64> = out
+            .nodes
+            .iter()
+            .filter(|n| n.updates > 0)
+            .map(|n| (n.bytes_sent + n.bytes_received) as f64 / n.updates as f64)
+            .collect();
         let range = out.replica_losses.iter().fold((f32::MAX, f32::MIN), |(lo, hi), l| (lo.min(*l), hi.max(*l)));
         Self {
             scenario: scenario.name.clone(),
@@ -182,6 +198,9 @@ impl RunSummary {
             bytes_total,
             bytes_per_node_mean: bytes_total as f64 / out.nodes.len().max(1) as f64,
             bytes_per_sample: bytes_total as f64 / samples_total.max(1) as f64,
+            node_bytes_per_round_mean: per_round.iter().sum::<f64>() / per_round.len().max(1) as f64,
+            node_bytes_per_round_max: per_round.iter().copied().fold(0.0, f64::max),
+            aggregates_missed: out.tally.aggregates_missed,
             utilisation_mean: alive.iter().map(|n| n.utilisation).sum::<f64>() / alive.len().max(1) as f64,
             utilisation_min: alive.iter().map(|n| n.utilisation).fold(1.0, f64::min),
             idle_share: idle_share(alive.iter().map(|n| &n.node)),
@@ -360,7 +379,7 @@ pub fn run_line(s: &RunSummary) -> String {
     let _ = write!(
         out,
         "{} on {}: target {} in {}, final loss {:.4} (replicas {:.4}..{:.4}), utilisation {:.1}% (min {:.1}%), \
-         {:.1} bytes/sample, mean staleness {:.2}, consensus distance {:.2e}",
+         {:.1} bytes/sample, {:.0} bytes per node-round (max {:.0}), mean staleness {:.2}, consensus distance {:.2e}",
         s.strategy,
         s.scenario,
         s.target_loss,
@@ -371,6 +390,8 @@ pub fn run_line(s: &RunSummary) -> String {
         100.0 * s.utilisation_mean,
         100.0 * s.utilisation_min,
         s.bytes_per_sample,
+        s.node_bytes_per_round_mean,
+        s.node_bytes_per_round_max,
         s.mean_staleness,
         s.consensus_distance_final
     );

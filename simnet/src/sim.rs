@@ -56,6 +56,9 @@ const REQUEST_BYTES: usize = 64;
 /// Published updates stay fetchable this long (virtual seconds).
 const STORE_RETAIN_S: f64 = 900.0;
 
+/// An aggregate body's name: tick, group, hash.
+type SumKey = (u64, u32, ragtag_protocol::ids::Hash32);
+
 /// Why a simulation stopped early: the CLI prints it, the study and the
 /// ablation name the configuration that failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +111,12 @@ struct Sim<'a> {
     network: Network,
     store: BTreeMap<UpdateId, Published>,
     store_order: std::collections::VecDeque<(f64, UpdateId)>,
+    /// Aggregate bodies by (tick, group, hash), kept like payloads, with
+    /// the nodes holding each and the fetches waiting for a holder to get it.
+    aggregates: BTreeMap<SumKey, Arc<Vec<u8>>>,
+    aggregate_order: std::collections::VecDeque<(f64, SumKey)>,
+    sum_holders: BTreeMap<SumKey, std::collections::BTreeSet<usize>>,
+    sum_waiters: BTreeMap<(SumKey, usize), Vec<usize>>,
     evaluator: Trainer,
     /// The held-out inputs representations are compared on.
     probe: ragtag_models::data::Batch,
@@ -236,6 +245,10 @@ impl<'a> Sim<'a> {
             index_of,
             store: BTreeMap::new(),
             store_order: std::collections::VecDeque::new(),
+            aggregates: BTreeMap::new(),
+            aggregate_order: std::collections::VecDeque::new(),
+            sum_holders: BTreeMap::new(),
+            sum_waiters: BTreeMap::new(),
             probe: evaluator.probe_batch(representation::PROBE_ROWS),
             evaluator,
             series: Vec::new(),
@@ -493,6 +506,7 @@ impl<'a> Sim<'a> {
                     busy_s: n.busy_s,
                     alive_s: n.alive_s,
                     bytes_sent: self.network.bytes_sent[n.index],
+                    bytes_received: self.network.bytes_received[n.index],
                     updates: n.published,
                     samples: n.samples,
                     idle_s: n.idle.seconds_by_name(),

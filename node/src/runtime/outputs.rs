@@ -101,6 +101,10 @@ impl Node {
                 };
                 self.record(kind);
             }
+            Output::PublishAggregate { .. } | Output::FetchAggregate { .. } | Output::SendAggregate { .. } => {
+                // `run` refuses manifests that aggregate before the engine exists.
+                tracing::error!("the engine asked for aggregated dissemination, which this node does not drive");
+            }
             Output::Event(ev) => self.on_engine_event(ev),
         }
     }
@@ -157,6 +161,16 @@ impl Node {
             EngineEvent::PeerLeft(p) => tracing::info!("{p:?} left the run ({} live)", self.engine.live_nodes()),
             EngineEvent::FetchAbandoned { id } => tracing::debug!("gave up fetching {id}"),
             EngineEvent::RoundStarted { .. } => {}
+            EngineEvent::AggregateRefused { key, group, from, reason } => {
+                self.metrics.reject(reason.name());
+                tracing::debug!("aggregate of tick {key} group {group} from {from:?} refused: {reason}");
+            }
+            EngineEvent::LateAggregate { key, group, applied_in } => {
+                tracing::debug!("sum of tick {key} group {group} arrived late: applied in {applied_in}");
+            }
+            EngineEvent::AggregateMissed { key, group } => {
+                tracing::debug!("no quorum sum for tick {key} group {group}");
+            }
             EngineEvent::InnerLrChanged { scale, change } => {
                 self.metrics.inner_lr_changes.get_or_create(&ReasonLabel { reason: change.name().into() }).inc();
                 match change {

@@ -6,7 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::cooldown::{Cooldown, CooldownError};
 use super::inner_lr::{InnerLr, InnerLrError};
-use crate::codec::{CodecKind, CodecParamsError};
+use crate::{
+    aggregate::{AggregationConfig, AggregationConfigError},
+    codec::{CodecKind, CodecParamsError},
+};
 
 mod overrides;
 pub use overrides::EngineOverrides;
@@ -332,6 +335,10 @@ pub struct EngineConfig {
     /// A cooldown to the run's budget, where its creator gave one.
     #[serde(default)]
     pub cooldown: Option<Cooldown>,
+    /// Aggregated dissemination ([`crate::aggregate`]): `None` sends every
+    /// update to every node.
+    #[serde(default)]
+    pub aggregation: Option<AggregationConfig>,
 }
 
 fn constant_inner_lr() -> InnerLr {
@@ -379,6 +386,7 @@ impl EngineConfig {
             },
             inner_lr: InnerLr::PLATEAU,
             cooldown: None,
+            aggregation: None,
         };
         let no_staleness = StalenessConfig {
             measure: StalenessMeasure::Sender,
@@ -489,6 +497,19 @@ impl EngineConfig {
         if let Some(c) = self.cooldown {
             c.validate()?;
         }
+        if let Some(a) = self.aggregation {
+            a.validate()?;
+            // Sums are built per tick batch, weighted by tick staleness, and
+            // replace the per-update paths that anti-entropy repairs with.
+            let tick = matches!(self.schedule, Schedule::Tick { overlap: false, .. });
+            if !tick
+                || !self.canonical_batches
+                || self.staleness.measure != StalenessMeasure::Tick
+                || self.anti_entropy.every_rounds != 0
+            {
+                return Err(ConfigError::AggregationNeedsTicks);
+            }
+        }
         Ok(self.codec.validate()?)
     }
 }
@@ -534,6 +555,12 @@ pub enum ConfigError {
     /// The codec parameters are unusable.
     #[error(transparent)]
     Codec(#[from] CodecParamsError),
+    /// The aggregation numbers are unusable.
+    #[error(transparent)]
+    Aggregation(#[from] AggregationConfigError),
+    /// Aggregation with a schedule it cannot sum.
+    #[error("aggregation needs tick mode without overlap, canonical batches, tick staleness and anti-entropy off")]
+    AggregationNeedsTicks,
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{LocalMode, PullConfig, ReplicaState};
 use crate::{
+    aggregate::AggregateAnnouncement,
     ids::{Hash32, NodeId, UpdateId},
     ledger::RecordKind,
     time::Micros,
@@ -64,6 +65,9 @@ pub struct Publication {
     pub announcement: UpdateAnnouncement,
     /// The encoded payload.
     pub payload: Arc<Vec<u8>>,
+    /// Send it only to these nodes (aggregation: its group's aggregators);
+    /// empty: to every node.
+    pub to: Vec<NodeId>,
 }
 
 /// Something happened that a shell may want to count or log.
@@ -152,6 +156,36 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// An aggregate announcement or body was refused.
+    AggregateRefused {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// The peer it came from.
+        from: NodeId,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// A group's quorum sum arrived after its tick closed here: applied in
+    /// a later tick, as a late update is.
+    LateAggregate {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// The tick it was applied in.
+        applied_in: u64,
+    },
+    /// A group expected in a batch had no quorum aggregate when the batch
+    /// closed: its updates are not applied by this replica unless the sum
+    /// still arrives (then as a late aggregate).
+    AggregateMissed {
+        /// The tick.
+        key: u64,
+        /// The group.
+        group: u32,
+    },
 }
 
 /// What the engine asks its shell to do.
@@ -179,6 +213,42 @@ pub enum Output {
         /// Which.
         id: UpdateId,
         /// Its payload hash.
+        hash: Hash32,
+    },
+    /// Sign and gossip an aggregate announcement; serve `body` to fetchers.
+    PublishAggregate {
+        /// The announcement (the shell signs it).
+        announcement: AggregateAnnouncement,
+        /// The encoded [`crate::aggregate::Aggregate`].
+        body: Arc<Vec<u8>>,
+    },
+    /// Send an aggregate body to these nodes unasked (our children in the
+    /// group's tree), each to report it as `Input::AggregateBody`.
+    SendAggregate {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// Its hash.
+        hash: Hash32,
+        /// The receivers.
+        to: Vec<NodeId>,
+        /// The encoded [`crate::aggregate::Aggregate`].
+        body: Arc<Vec<u8>>,
+    },
+    /// Fetch an aggregate body by its hash from a holder (our parent in
+    /// the group's tree, which answers once it holds it, or a signer), then
+    /// report `Input::AggregateBody` or `Input::AggregateFetchFailed`.
+    FetchAggregate {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// The holder asked.
+        from: NodeId,
+        /// Expected bytes.
+        len: u64,
+        /// Expected hash.
         hash: Hash32,
     },
     /// Fetch an announcement we missed (anti-entropy), then report `Input::Announcement`.
@@ -275,6 +345,34 @@ pub enum Input {
         from: NodeId,
         /// Its state.
         state: Box<ReplicaState>,
+    },
+    /// A signed aggregate announcement (signature checked by the shell).
+    AggregateAnnouncement {
+        /// The announcement.
+        announcement: AggregateAnnouncement,
+        /// The peer it came from.
+        from: NodeId,
+    },
+    /// An aggregate body, fetched or pushed (unchecked: the engine checks
+    /// its hash and decodes it within its limit).
+    AggregateBody {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// The peer asked.
+        from: NodeId,
+        /// The bytes.
+        bytes: Arc<Vec<u8>>,
+    },
+    /// An aggregate fetch failed.
+    AggregateFetchFailed {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// The peer asked.
+        from: NodeId,
     },
     /// Leave the swarm cleanly.
     Leave,

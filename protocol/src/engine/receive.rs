@@ -23,7 +23,7 @@ use crate::{
 impl Engine {
     /// The first batch key this replica has not closed yet: where a late
     /// update of an already closed key is applied.
-    fn first_open_key(&self) -> u64 {
+    pub(super) fn first_open_key(&self) -> u64 {
         self.last_closed_key.map_or(0, |c| c + 1)
     }
 
@@ -36,7 +36,7 @@ impl Engine {
     /// replica that applies the update in the same batch weighs it the
     /// same; an update that missed its tick counts as late however it was
     /// cut.
-    fn staleness(&self, a: &UpdateAnnouncement, applied_key: Option<u64>) -> u64 {
+    pub(super) fn staleness(&self, a: &UpdateAnnouncement, applied_key: Option<u64>) -> u64 {
         match self.cfg.staleness.measure {
             StalenessMeasure::Tick => {
                 // Batch keys are ticks only in tick mode; elsewhere they are
@@ -207,7 +207,9 @@ impl Engine {
             self.drop_update(&a, RejectReason::ShapeMismatch, false);
             return;
         }
-        if w.sources.len() < ANNOUNCE_HELD_BELOW {
+        // Aggregated, the only fetchers of a payload are its group's few
+        // aggregators, who had it from its source.
+        if w.sources.len() < ANNOUNCE_HELD_BELOW && self.cfg.aggregation.is_none() {
             self.emit(Output::AnnounceHeld { id, hash: a.payload_hash });
         }
         self.accept_payload(a, bytes);
@@ -254,7 +256,7 @@ impl Engine {
     /// is dropped as too stale when its batch closes, not kept waiting for a
     /// tick its sender named. Barrier mode: its round; free-running modes
     /// have one batch.
-    fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
+    pub(super) fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
         match self.cfg.schedule {
             Schedule::Tick { .. } => {
                 let cap = a.base_tick.saturating_add(u64::from(self.cfg.staleness.tau_max) + 1);
@@ -277,6 +279,9 @@ impl Engine {
     /// closes one outer round. Updates of later batches (a fast peer's next
     /// round) stay queued.
     pub(super) fn apply_pending(&mut self, upto: Option<u64>) {
+        if self.cfg.aggregation.is_some() {
+            return self.apply_aggregates(upto);
+        }
         if self.pending.is_empty() {
             return;
         }
@@ -340,7 +345,7 @@ impl Engine {
         }
     }
 
-    fn close_outer_round(&mut self, n: u32) {
+    pub(super) fn close_outer_round(&mut self, n: u32) {
         let mut outer = self.cfg.outer;
         if let Some(b) = outer.beta_early
             && self.inner_lr.scale >= 1.0

@@ -87,10 +87,13 @@ impl Engine {
             self.wait(now, IdleReason::TickRest);
             return None;
         }
-        let deadline = this_tick + Micros::from_secs_f64(period.as_secs_f64() * grace as f64);
+        // Aggregated, the exchange takes two hops (sources to aggregators,
+        // sums to everyone): a grace for each.
+        let hops = if self.cfg.aggregation.is_some() { 2.0 } else { 1.0 };
+        let deadline = this_tick + Micros::from_secs_f64(period.as_secs_f64() * grace as f64 * hops);
         // Overlapped, the last tick's updates are applied a tick later:
         // nothing to wait for.
-        if !overlap && now < deadline && k > 0 && !self.tick_complete(k - 1) {
+        if !overlap && now < deadline && k > 0 && !self.batch_arrived(k - 1) {
             self.wake_at = Some(deadline);
             self.wait(now, IdleReason::Exchange);
             return None;
@@ -168,6 +171,12 @@ impl Engine {
             self.membership.live_count() - 1 - self.last_tick_of.len().min(self.membership.live_count() - 1);
         let recent: u32 = self.last_tick_counts.range(k.saturating_sub(1)..).map(|(_, c)| *c).sum();
         arrived_peers >= never_contributed + recent as usize
+    }
+
+    /// The exchange wait is over for tick `k`: its updates arrived, or,
+    /// aggregated, its groups' quorum sums.
+    fn batch_arrived(&mut self, k: u64) -> bool {
+        if self.cfg.aggregation.is_some() { self.aggregates_complete(k) } else { self.tick_complete(k) }
     }
 
     /// True when every live member that takes part in `round` has its
@@ -304,6 +313,7 @@ impl Engine {
             payload_hash: Hash32::of(&payload),
         };
         let payload = Arc::new(payload);
+        let to = self.publish_targets(self.batch_key(&announcement));
         self.emit(Output::Record(RecordKind::Contribution {
             round: training.round,
             base_version: training.base_applied_total,
@@ -312,7 +322,7 @@ impl Engine {
             flops: result.flops,
             payload_hash: announcement.payload_hash,
         }));
-        self.emit(Output::Publish(Publication { announcement: announcement.clone(), payload: payload.clone() }));
+        self.emit(Output::Publish(Publication { announcement: announcement.clone(), payload: payload.clone(), to }));
         self.round += 1;
         self.phase = Phase::Waiting;
         // Our own update goes through the same receive rule as everyone's.

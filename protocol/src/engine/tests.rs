@@ -5,23 +5,24 @@
 //! optima, any scheme where fast nodes take more steps converges to a
 //! speed-weighted optimum instead: objective inconsistency.)
 
-use std::{
-    cmp::Reverse,
-    collections::{BTreeMap, BinaryHeap},
-};
+use std::collections::BTreeMap;
 
 use proptest::prelude::{ProptestConfig, prop_assert, proptest};
 
 use super::*;
 use crate::{codec::CodecKind, identity::Keypair, ids::Hash32};
 
+mod aggregation;
 mod forged_ticks;
+mod harness;
 mod idle;
 mod inner_lr;
 mod late_updates;
 mod overlap;
 mod partial_step;
 mod tick_mode;
+
+use harness::{Ev, Harness};
 
 const DIM: usize = 16;
 
@@ -68,201 +69,6 @@ fn toy_phase(node: usize, phase: &LocalPhase, lr: f32) -> LocalResult {
         samples: ((phase.steps as f32 + phase.partial) * TOY_BATCH).round() as u64,
         loss,
         flops: 0.0,
-    }
-}
-
-#[derive(Debug)]
-enum Ev {
-    Timeout(usize, u64),
-    Input(usize, Box<Input>),
-}
-
-/// A minimal event loop: constant latency, every message delivered.
-struct Harness {
-    engines: Vec<Engine>,
-    speeds: Vec<f64>,
-    latency: Micros,
-    queue: BinaryHeap<Reverse<(Micros, u64, usize)>>,
-    events: BTreeMap<u64, Ev>,
-    seq: u64,
-    timer_gen: Vec<u64>,
-    payloads: BTreeMap<UpdateId, Vec<u8>>,
-    announcements: BTreeMap<UpdateId, UpdateAnnouncement>,
-    applied_log: std::collections::BTreeSet<(usize, UpdateId)>,
-    dropped: Vec<(usize, RejectReason)>,
-    lr: f32,
-    now: Micros,
-    /// Messages between the two sides are lost while `now` is in the window.
-    partition: Option<(Micros, Micros, usize)>,
-    /// Holders serve an announcement only this long after it was published
-    /// (a node's store keeps recent rounds); `None`: forever.
-    served_for: Option<Micros>,
-    published_at: BTreeMap<UpdateId, Micros>,
-}
-
-impl Harness {
-    fn new(cfg: EngineConfig, speeds: &[f64], seed: u64) -> Self {
-        let run = RunId(Hash32([9; 32]));
-        let engines = speeds
-            .iter()
-            .enumerate()
-            .map(|(k, s)| {
-                let me = Keypair::deterministic(seed, k as u64).node_id();
-                Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; DIM], *s as f32, seed + k as u64)
-            })
-            .collect();
-        let mut h = Self {
-            engines,
-            speeds: speeds.to_vec(),
-            latency: Micros(10_000),
-            queue: BinaryHeap::new(),
-            events: BTreeMap::new(),
-            seq: 0,
-            timer_gen: vec![0; speeds.len()],
-            payloads: BTreeMap::new(),
-            announcements: BTreeMap::new(),
-            applied_log: std::collections::BTreeSet::new(),
-            dropped: Vec::new(),
-            lr: 0.02,
-            now: Micros::ZERO,
-            partition: None,
-            served_for: None,
-            published_at: BTreeMap::new(),
-        };
-        for k in 0..speeds.len() {
-            h.push(Micros::ZERO, Ev::Input(k, Box::new(Input::Start)));
-        }
-        h
-    }
-
-    fn push(&mut self, at: Micros, ev: Ev) {
-        self.seq += 1;
-        let node = match &ev {
-            Ev::Timeout(k, _) | Ev::Input(k, _) => *k,
-        };
-        self.queue.push(Reverse((at, self.seq, node)));
-        self.events.insert(self.seq, ev);
-    }
-
-    fn link_up(&self, a: usize, b: usize) -> bool {
-        match self.partition {
-            Some((from, to, split)) if self.now >= from && self.now < to => (a < split) == (b < split),
-            _ => true,
-        }
-    }
-
-    fn index_of(&self, id: &NodeId) -> usize {
-        self.engines.iter().position(|e| e.node_id() == *id).expect("known node")
-    }
-
-    fn run_until(&mut self, end: Micros) {
-        while let Some(Reverse((at, seq, _))) = self.queue.peek().copied() {
-            if at > end {
-                break;
-            }
-            self.queue.pop();
-            self.now = at;
-            let ev = self.events.remove(&seq).expect("event stored");
-            let k = match ev {
-                Ev::Timeout(k, generation) => {
-                    if generation != self.timer_gen[k] {
-                        continue;
-                    }
-                    self.engines[k].handle_timeout(at);
-                    k
-                }
-                Ev::Input(k, input) => {
-                    self.engines[k].handle(at, *input);
-                    k
-                }
-            };
-            self.drain(k);
-        }
-        self.now = end;
-    }
-
-    fn drain(&mut self, k: usize) {
-        let now = self.now;
-        let lat = self.latency;
-        while let Some(out) = self.engines[k].poll_output() {
-            match out {
-                Output::StartLocalPhase(p) => {
-                    let r = toy_phase(k, &p, self.lr);
-                    let dt = Micros::from_secs_f64((p.steps as f64 + p.partial as f64) / self.speeds[k]);
-                    self.push(now + dt, Ev::Input(k, Box::new(Input::LocalPhaseDone(r))));
-                }
-                Output::Publish(p) => {
-                    let id = p.announcement.id;
-                    self.payloads.insert(id, p.payload.as_ref().clone());
-                    self.announcements.insert(id, p.announcement.clone());
-                    self.published_at.insert(id, now);
-                    for j in 0..self.engines.len() {
-                        if j != k && self.link_up(k, j) {
-                            let input = Input::Announcement { announcement: p.announcement.clone(), from: id.src };
-                            self.push(now + lat, Ev::Input(j, Box::new(input)));
-                        }
-                    }
-                }
-                Output::FetchPayload { id, .. } => {
-                    let bytes = Arc::new(self.payloads[&id].clone());
-                    self.push(now + lat, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
-                }
-                Output::FetchAnnouncement { id, from } => {
-                    let gone = self.served_for.is_some_and(|d| self.published_at[&id] + d < now);
-                    let input = if gone {
-                        Input::AnnouncementGone(id)
-                    } else {
-                        Input::Announcement { announcement: self.announcements[&id].clone(), from }
-                    };
-                    self.push(now + lat, Ev::Input(k, Box::new(input)));
-                }
-                Output::AnnounceHeld { id, .. } => {
-                    let from = self.engines[k].node_id();
-                    for j in 0..self.engines.len() {
-                        if j != k && self.link_up(k, j) {
-                            self.push(now + lat, Ev::Input(j, Box::new(Input::PayloadSource { id, from })));
-                        }
-                    }
-                }
-                Output::SendHeartbeat(hb) => {
-                    for j in 0..self.engines.len() {
-                        if j != k && self.link_up(k, j) {
-                            self.push(now + lat, Ev::Input(j, Box::new(Input::Heartbeat(hb.clone()))));
-                        }
-                    }
-                }
-                Output::AntiEntropy { peer, digest } => {
-                    let j = self.index_of(&peer);
-                    if !self.link_up(k, j) {
-                        continue;
-                    }
-                    let me = self.engines[k].node_id();
-                    let back = self.engines[j].digest();
-                    self.push(now + lat, Ev::Input(j, Box::new(Input::PeerDigest { from: me, digest })));
-                    self.push(now + lat + lat, Ev::Input(k, Box::new(Input::PeerDigest { from: peer, digest: back })));
-                }
-                Output::FetchAnchor { from } => {
-                    let j = self.index_of(&from);
-                    let state = Box::new(self.engines[j].replica_state());
-                    self.push(now + lat, Ev::Input(k, Box::new(Input::PeerAnchor { from, state })));
-                }
-                Output::Record(_) => {}
-                Output::Event(EngineEvent::Applied { id, .. }) => {
-                    assert!(self.applied_log.insert((k, id)), "node {k} applied {id:?} twice");
-                }
-                Output::Event(EngineEvent::Dropped { reason, .. }) => self.dropped.push((k, reason)),
-                Output::Event(_) => {}
-            }
-        }
-        self.timer_gen[k] += 1;
-        if let Some(t) = self.engines[k].poll_timeout() {
-            let generation = self.timer_gen[k];
-            self.push(t.max(now), Ev::Timeout(k, generation));
-        }
-    }
-
-    fn distance_to(&self, k: usize, opt: &[f32]) -> f32 {
-        self.engines[k].anchor().iter().zip(opt).map(|(a, b)| (a - b).powi(2)).sum::<f32>().sqrt()
     }
 }
 

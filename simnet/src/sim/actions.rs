@@ -44,7 +44,14 @@ impl Sim<'_> {
                 // Every strategy's update, ddp's gradients included, travels
                 // as the node sends it: inline in gossip when small enough,
                 // else announced and fetched by each peer.
-                let receivers = self.others(k);
+                // Aggregated, an update goes to its group's aggregators only.
+                let receivers = if p.to.is_empty() {
+                    self.others(k)
+                } else {
+                    let mut to: Vec<usize> = p.to.iter().filter_map(|n| self.index_of.get(n).copied()).collect();
+                    to.retain(|j| *j != k && self.live(*j));
+                    to
+                };
                 let inline = payload_len <= INLINE_PAYLOAD_BYTES;
                 let wire_bytes = if inline { ann_bytes + payload_len } else { ann_bytes };
                 let what = if inline { Delivery::Update { id, from: me } } else { Delivery::Announce { id, from: me } };
@@ -78,6 +85,51 @@ impl Sim<'_> {
                     self.push(timeout, Ev::Deliver { node: k, what: Delivery::FetchFailed { id, from } });
                 }
             }
+            Output::PublishAggregate { announcement, body } => {
+                let bytes = postcard::to_allocvec(&announcement).map_or(256, |v| v.len()) + SIGNED_OVERHEAD;
+                let sum = (announcement.key, announcement.group, announcement.body_hash);
+                self.aggregates.insert(sum, body);
+                self.aggregate_order.push_back((self.now, sum));
+                while self.aggregate_order.front().is_some_and(|(t, _)| *t + STORE_RETAIN_S < self.now) {
+                    let (_, old) = self.aggregate_order.pop_front().expect("checked");
+                    self.aggregates.remove(&old);
+                    self.sum_holders.remove(&old);
+                    self.sum_waiters.retain(|(s, _), _| *s != old);
+                }
+                self.hold_sum(k, sum);
+                let receivers = self.others(k);
+                self.broadcast(k, &receivers, bytes, Delivery::AggregateAnnounce(Arc::new(announcement)));
+            }
+            Output::SendAggregate { key, group, hash, to, .. } => {
+                let sum = (key, group, hash);
+                for j in to.iter().filter_map(|n| self.index_of.get(n).copied()).collect::<Vec<_>>() {
+                    if j != k && self.live(j) {
+                        let now = self.now;
+                        self.serve_sum(k, j, sum, now);
+                    }
+                }
+            }
+            Output::FetchAggregate { key, group, from, hash, .. } => {
+                let sum = (key, group, hash);
+                let src = self.index_of.get(&from).copied().filter(|s| self.live(*s) && self.network.connected(k, *s));
+                let timeout = self.now + self.scenario.network.request_timeout_s;
+                let failed = Ev::Deliver { node: k, what: Delivery::AggregateFetchFailed { key, group, from } };
+                match src {
+                    Some(s) if self.aggregates.contains_key(&sum) => {
+                        self.network.send(self.now, k, s, REQUEST_BYTES);
+                        if self.sum_holders.get(&sum).is_some_and(|h| h.contains(&s)) {
+                            let asked_at = self.now + self.network.latency_s();
+                            self.serve_sum(s, k, sum, asked_at);
+                        } else {
+                            // The holder answers once it has the sum (it
+                            // is fetching it from its own parent).
+                            self.sum_waiters.entry((sum, s)).or_default().push(k);
+                        }
+                        self.push(timeout, failed);
+                    }
+                    _ => self.push(timeout, failed),
+                }
+            }
             Output::AnnounceHeld { id, .. } => {
                 let receivers = self.others(k);
                 self.broadcast(k, &receivers, HAVE_BYTES, Delivery::Holder { id, from: me });
@@ -103,6 +155,27 @@ impl Sim<'_> {
             }
             Output::Record(_) => {}
             Output::Event(ev) => self.count(ev),
+        }
+    }
+
+    /// Node `k` holds `sum` now: it serves the fetches that waited for it.
+    fn hold_sum(&mut self, k: usize, sum: super::SumKey) {
+        self.sum_holders.entry(sum).or_default().insert(k);
+        for w in self.sum_waiters.remove(&(sum, k)).unwrap_or_default() {
+            if self.live(w) && self.network.connected(k, w) {
+                let now = self.now;
+                self.serve_sum(k, w, sum, now);
+            }
+        }
+    }
+
+    /// Sends `sum`'s body from holder `s` to `to`, starting at `start`.
+    fn serve_sum(&mut self, s: usize, to: usize, sum: super::SumKey, start: f64) {
+        let Some(len) = self.aggregates.get(&sum).map(|b| b.len()) else { return };
+        let from = self.nodes[s].id;
+        let (key, group, hash) = sum;
+        if let Some(at) = self.network.send(start, s, to, len + 16) {
+            self.push(at, Ev::Deliver { node: to, what: Delivery::AggregateBody { key, group, from, hash } });
         }
     }
 
@@ -134,6 +207,10 @@ impl Sim<'_> {
                 *self.tally.anchors_refused.entry(reason.name().to_string()).or_insert(0) += 1
             }
             EngineEvent::FetchAbandoned { .. } => self.tally.fetches_abandoned += 1,
+            EngineEvent::AggregateRefused { reason, .. } => {
+                *self.tally.dropped.entry(format!("aggregate_{}", reason.name())).or_insert(0) += 1
+            }
+            EngineEvent::AggregateMissed { .. } => self.tally.aggregates_missed += 1,
             EngineEvent::InnerLrChanged { scale, change } => {
                 *self.tally.inner_lr_changes.entry(change.name().to_string()).or_insert(0) += 1;
                 self.tally.inner_lr_scale_min = Some(self.tally.inner_lr_scale_min.map_or(scale, |m| m.min(scale)));
@@ -171,6 +248,18 @@ impl Sim<'_> {
                 Input::PeerDigest { from: self.nodes[from].id, digest: digest.as_ref().clone() }
             }
             Delivery::Anchor { from, state } => Input::PeerAnchor { from, state: Box::new(state.as_ref().clone()) },
+            Delivery::AggregateAnnounce(a) => {
+                Input::AggregateAnnouncement { announcement: a.as_ref().clone(), from: a.aggregator }
+            }
+            Delivery::AggregateBody { key, group, from, hash } => match self.aggregates.get(&(key, group, hash)) {
+                Some(bytes) => {
+                    let bytes = bytes.clone();
+                    self.hold_sum(node, (key, group, hash));
+                    Input::AggregateBody { key, group, from, bytes }
+                }
+                None => Input::AggregateFetchFailed { key, group, from },
+            },
+            Delivery::AggregateFetchFailed { key, group, from } => Input::AggregateFetchFailed { key, group, from },
         };
         self.handle(node, input);
     }

@@ -3,8 +3,9 @@
 use std::{cmp::Ordering, sync::Arc};
 
 use ragtag_protocol::{
+    aggregate::AggregateAnnouncement,
     engine::ReplicaState,
-    ids::{NodeId, UpdateId},
+    ids::{Hash32, NodeId, UpdateId},
     time::Micros,
     wire::{Heartbeat, ReplicaDigest, UpdateAnnouncement},
 };
@@ -26,6 +27,9 @@ pub(super) enum Delivery {
     Heartbeat(Arc<Heartbeat>),
     Digest { from: usize, digest: Arc<ReplicaDigest>, reply: bool },
     Anchor { from: NodeId, state: Arc<ReplicaState> },
+    AggregateAnnounce(Arc<AggregateAnnouncement>),
+    AggregateBody { key: u64, group: u32, from: NodeId, hash: Hash32 },
+    AggregateFetchFailed { key: u64, group: u32, from: NodeId },
 }
 
 #[derive(Debug)]

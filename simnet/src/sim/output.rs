@@ -52,6 +52,9 @@ pub struct NodeOutput {
     pub alive_s: f64,
     /// Bytes sent.
     pub bytes_sent: u64,
+    /// Bytes received (absent in reports written before it was measured).
+    #[serde(default)]
+    pub bytes_received: u64,
     /// Updates published.
     pub updates: u64,
     /// Samples processed.

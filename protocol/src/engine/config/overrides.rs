@@ -7,7 +7,7 @@ use super::{
     super::{cooldown::Cooldown, inner_lr::InnerLr},
     EngineConfig, OuterKind, Schedule, StalenessMeasure, StalenessWeight, Strategy, Work,
 };
-use crate::codec::CodecKind;
+use crate::{aggregate::AggregationConfig, codec::CodecKind};
 
 /// Changes to a strategy preset, as a manifest, scenario or command line
 /// gives them: every field is optional.
@@ -71,6 +71,8 @@ pub struct EngineOverrides {
     pub inner_lr: Option<InnerLr>,
     /// A cooldown to the run's budget.
     pub cooldown: Option<Cooldown>,
+    /// Aggregated dissemination.
+    pub aggregation: Option<AggregationConfig>,
 }
 
 impl EngineOverrides {
@@ -166,6 +168,12 @@ impl EngineOverrides {
         }
         if let Some(v) = self.canonical_batches {
             c.canonical_batches = v;
+        }
+        // Sums are per tick: strategies without ticks keep full dissemination.
+        if let Some(v) = self.aggregation
+            && matches!(c.schedule, Schedule::Tick { .. })
+        {
+            c.aggregation = Some(v);
         }
         c
     }

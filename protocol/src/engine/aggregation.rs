@@ -1,0 +1,319 @@
+//! Aggregated dissemination in the engine ([`crate::aggregate`]): a
+//! source sends its update to its group's designated aggregators only;
+//! they sum the group when it is complete (or one grace after the
+//! tick) and announce the sum's hash; a replica fetches a group's sum once
+//! a quorum of designated aggregators signed the same hash (from its
+//! parent in the group's fan-out tree, which serves it once it holds it,
+//! so no node serves more than a few copies), and applies
+//! the tick's sums in group order, so replicas that apply the same sums
+//! stay bit-identical. A group without a quorum sum is applied by nobody
+//! who lacks one: its updates count as missed, never half-applied.
+
+mod apply;
+mod intake;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use super::{Engine, EngineEvent, Output, config::Schedule, staleness::staleness_weight};
+use crate::{
+    aggregate::{Aggregate, AggregateAnnouncement, AggregateMember, group_of, rank, tree_parent},
+    codec::Payload,
+    ids::{Hash32, NodeId},
+    time::Micros,
+    validate::RejectReason,
+};
+
+/// Aggregators sum their group at the latest one grace after the tick;
+/// receivers wait two (the exchange wait in tick mode), so the sum still
+/// reaches them.
+const PUBLISH_SHARE_OF_GRACE: f64 = 1.0;
+
+type GroupKey = (u64, u32);
+/// A body that came before its quorum, and its hash.
+type EarlyBody = (Hash32, Arc<Vec<u8>>);
+
+/// One body hash and the designated aggregators that signed it.
+#[derive(Clone, Debug)]
+struct Vote {
+    hash: Hash32,
+    len: u64,
+    members: u32,
+    signers: Vec<NodeId>,
+}
+
+/// A quorum body being fetched.
+#[derive(Clone, Debug)]
+struct Fetch {
+    /// Not asked yet: our parent in the tree should push it by then.
+    due: Option<Micros>,
+    hash: Hash32,
+    len: u64,
+    members: u32,
+    sources: Vec<NodeId>,
+}
+
+/// One tick's roles, per group, in this node's view of the live set.
+#[derive(Debug, Default)]
+struct Roles {
+    /// The designated aggregators.
+    designated: Arc<Vec<Vec<NodeId>>>,
+    /// The node this one takes the sum from (`None`: it aggregates).
+    parent: Vec<Option<NodeId>>,
+    /// The nodes this one passes the sum on to.
+    children: Vec<Vec<NodeId>>,
+}
+
+/// What a replica knows about the sums of open ticks.
+#[derive(Debug, Default)]
+pub(super) struct AggregationState {
+    /// Each tick's roles, from the view when first needed.
+    roles: BTreeMap<u64, Arc<Roles>>,
+    /// Bodies that arrived before their quorum (pushed down the tree), at
+    /// most `aggregators` per group.
+    early: BTreeMap<GroupKey, Vec<EarlyBody>>,
+    /// Groups whose sum this node passed on to its children.
+    pushed: BTreeSet<GroupKey>,
+    /// Groups expected in a tick (some live, recently contributing member).
+    expected: BTreeMap<u64, Arc<BTreeSet<u32>>>,
+    /// Groups this node summed (or found empty), and the sums it built.
+    summed: BTreeSet<GroupKey>,
+    own: BTreeMap<GroupKey, (Hash32, Arc<Aggregate>)>,
+    votes: BTreeMap<GroupKey, Vec<Vote>>,
+    fetching: BTreeMap<GroupKey, Fetch>,
+    /// Quorum sums held, ready to apply.
+    held: BTreeMap<GroupKey, Arc<Aggregate>>,
+    /// Groups whose sum this replica applied.
+    applied: BTreeSet<GroupKey>,
+    /// When this node must sum a group it is designated for.
+    pub(super) wake_at: Option<Micros>,
+}
+
+impl AggregationState {
+    /// Forgets every tick before `key`.
+    fn forget_before(&mut self, key: u64) {
+        let keep = |k: &GroupKey| k.0 >= key;
+        self.roles.retain(|k, _| *k >= key);
+        self.early.retain(|k, _| keep(k));
+        self.pushed.retain(keep);
+        self.expected.retain(|k, _| *k >= key);
+        self.summed.retain(keep);
+        self.own.retain(|k, _| keep(k));
+        self.votes.retain(|k, _| keep(k));
+        self.fetching.retain(|k, _| keep(k));
+        self.held.retain(|k, _| keep(k));
+        self.applied.retain(keep);
+    }
+}
+
+impl Engine {
+    /// The designated aggregators of each group of tick `key`.
+    pub(super) fn designated(&mut self, key: u64) -> Arc<Vec<Vec<NodeId>>> {
+        self.roles(key).designated.clone()
+    }
+
+    /// Tick `key`'s roles ([`Roles`]), from the view when first needed.
+    fn roles(&mut self, key: u64) -> Arc<Roles> {
+        let Some(cfg) = self.cfg.aggregation else {
+            return Arc::default();
+        };
+        if let Some(r) = self.aggregation.roles.get(&key) {
+            return r.clone();
+        }
+        let me = self.me;
+        let live: Vec<NodeId> = self.membership.peers().map(|(id, _)| *id).chain(std::iter::once(me)).collect();
+        let (mut roles, mut designated) = (Roles::default(), Vec::new());
+        let (r, fanout) = (cfg.aggregators as usize, cfg.fanout as usize);
+        for g in 0..cfg.groups {
+            let ranked = rank(key, g, live.iter().copied());
+            let at = ranked.iter().position(|n| *n == me).expect("we are in our own view");
+            roles.parent.push(tree_parent(at, cfg.aggregators, cfg.fanout).map(|p| ranked[p]));
+            // The positions whose parent is ours (see `tree_parent`).
+            let first = (r + at * fanout).min(ranked.len());
+            roles.children.push(ranked[first..(first + fanout).min(ranked.len())].to_vec());
+            designated.push(ranked.into_iter().take(r).collect());
+        }
+        roles.designated = Arc::new(designated);
+        let roles = Arc::new(roles);
+        self.aggregation.roles.insert(key, roles.clone());
+        roles
+    }
+
+    /// Where our own update of batch `key` goes: its group's aggregators
+    /// (empty without aggregation: everyone).
+    pub(super) fn publish_targets(&mut self, key: u64) -> Vec<NodeId> {
+        let Some(cfg) = self.cfg.aggregation else {
+            return Vec::new();
+        };
+        let g = group_of(key, &self.me, cfg.groups);
+        let me = self.me;
+        self.designated(key)[g as usize].iter().copied().filter(|n| *n != me).collect()
+    }
+
+    /// Expected to contribute to tick `key`: live, and contributed in the
+    /// tick before or later, or never yet (as the exchange wait counts).
+    fn expected_in(&self, node: &NodeId, key: u64) -> bool {
+        if *node == self.me {
+            return self.last_base_tick == Some(key);
+        }
+        self.last_tick_of.get(node).is_none_or(|t| t + 1 >= key)
+    }
+
+    /// The groups of tick `key` with an expected member.
+    fn expected_groups(&mut self, key: u64) -> Arc<BTreeSet<u32>> {
+        let Some(cfg) = self.cfg.aggregation else {
+            return Arc::default();
+        };
+        if let Some(e) = self.aggregation.expected.get(&key) {
+            return e.clone();
+        }
+        let me = self.me;
+        let groups: BTreeSet<u32> = self
+            .membership
+            .peers()
+            .map(|(id, _)| *id)
+            .chain(std::iter::once(me))
+            .filter(|n| self.expected_in(n, key))
+            .map(|n| group_of(key, &n, cfg.groups))
+            .collect();
+        let groups = Arc::new(groups);
+        self.aggregation.expected.insert(key, groups.clone());
+        groups
+    }
+
+    /// The exchange wait: every expected group of tick `key` has its quorum sum.
+    pub(super) fn aggregates_complete(&mut self, key: u64) -> bool {
+        let expected = self.expected_groups(key);
+        expected.iter().all(|g| self.aggregation.held.contains_key(&(key, *g)))
+    }
+
+    /// Pending updates of tick `key` in group `group`, in id order.
+    fn group_members(&self, key: u64, group: u32) -> Vec<usize> {
+        let Some(cfg) = self.cfg.aggregation else {
+            return Vec::new();
+        };
+        let mut idx: Vec<usize> = (0..self.pending.len())
+            .filter(|i| {
+                let a = &self.pending[*i].announcement;
+                self.batch_key(a) == key && group_of(key, &a.id.src, cfg.groups) == group
+            })
+            .collect();
+        idx.sort_by_key(|i| self.pending[*i].announcement.id);
+        idx
+    }
+
+    /// Every expected member of the group has its update here.
+    fn group_complete(&self, key: u64, group: u32, have: usize) -> bool {
+        let Some(cfg) = self.cfg.aggregation else {
+            return false;
+        };
+        let me = self.me;
+        let expected = self
+            .membership
+            .peers()
+            .map(|(id, _)| *id)
+            .chain(std::iter::once(me))
+            .filter(|n| group_of(key, n, cfg.groups) == group && self.expected_in(n, key))
+            .count();
+        have >= expected
+    }
+
+    /// Sums the groups this node is designated for whose tick has ended,
+    /// once complete or at the publish deadline; sets the wake-up for the rest.
+    pub(super) fn publish_due_aggregates(&mut self, now: Micros) {
+        let (Some(_), Some(clock), Schedule::Tick { grace, .. }) =
+            (self.cfg.aggregation, self.clock.clone(), self.cfg.schedule)
+        else {
+            return;
+        };
+        let tick = clock.tick(now);
+        let period = clock.period().as_secs_f64();
+        let deadline_of =
+            |k: u64| clock.boundary(k + 1) + Micros::from_secs_f64(period * grace as f64 * PUBLISH_SHARE_OF_GRACE);
+        let open = self.first_open_key();
+        let keys: BTreeSet<u64> =
+            self.pending.iter().map(|p| self.batch_key(&p.announcement)).filter(|k| *k < tick && *k >= open).collect();
+        let mut wake: Option<Micros> = None;
+        for key in keys {
+            let deadline = deadline_of(key);
+            let designated = self.designated(key);
+            for (g, aggregators) in designated.iter().enumerate() {
+                let g = g as u32;
+                if !aggregators.contains(&self.me) || self.aggregation.summed.contains(&(key, g)) {
+                    continue;
+                }
+                let members = self.group_members(key, g);
+                if members.is_empty() {
+                    continue;
+                }
+                if now >= deadline || self.group_complete(key, g, members.len()) {
+                    self.sum_group(now, key, g, &members);
+                } else {
+                    wake = Some(wake.map_or(deadline, |w| w.min(deadline)));
+                }
+            }
+        }
+        let fetch_due = self.ask_overdue(now);
+        self.aggregation.wake_at = match (wake, fetch_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Builds, records and publishes the sum of `members` (pending indices).
+    fn sum_group(&mut self, now: Micros, key: u64, group: u32, members: &[usize]) {
+        self.aggregation.summed.insert((key, group));
+        let n = self.anchor.len();
+        let live = self.membership.live_count();
+        let mut parts = Vec::with_capacity(members.len());
+        for &i in members {
+            let a = &self.pending[i].announcement;
+            let tau = self.staleness(a, Some(key));
+            if tau > self.cfg.staleness.tau_max as u64 {
+                continue;
+            }
+            let Ok(payload) = Payload::parse(self.cfg.codec, n, &self.pending[i].bytes) else {
+                continue; // another codec: checked on arrival, never summed
+            };
+            let member = AggregateMember {
+                id: a.id,
+                base_tick: a.base_tick,
+                publish_tick: a.publish_tick,
+                samples: a.samples,
+                staleness: tau.min(u32::MAX as u64) as u32,
+                loss: a.loss,
+                weight: staleness_weight(&self.cfg.staleness, tau, live),
+                payload_hash: a.payload_hash,
+            };
+            parts.push((member, payload));
+        }
+        if parts.is_empty() {
+            return;
+        }
+        let aggregate = Aggregate::build(parts, self.cfg.codec, n);
+        let body = aggregate.encode();
+        let hash = Hash32::of(&body);
+        let announcement = AggregateAnnouncement {
+            run_id: self.run_id,
+            key,
+            group,
+            aggregator: self.me,
+            members: aggregate.members.len() as u32,
+            body_len: body.len() as u64,
+            body_hash: hash,
+        };
+        self.aggregation.own.insert((key, group), (hash, Arc::new(aggregate)));
+        let body = Arc::new(body);
+        self.emit(Output::PublishAggregate { announcement: announcement.clone(), body: body.clone() });
+        self.push_down((key, group), hash, body);
+        let me = self.me;
+        self.vote(now, &announcement, me);
+    }
+
+    fn refuse_aggregate(&mut self, key: u64, group: u32, from: NodeId, reason: RejectReason) {
+        *self.stats.dropped.entry(reason).or_insert(0) += 1;
+        self.event(EngineEvent::AggregateRefused { key, group, from, reason });
+    }
+}

@@ -1,0 +1,107 @@
+//! Closing ticks with sums: each tick's quorum sums in group order, late
+//! sums folded into the next tick, and what no sum covered counted.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use super::GroupKey;
+use crate::{
+    aggregate::Aggregate,
+    codec::Payload,
+    engine::{Engine, EngineEvent, Output},
+    ledger::{ReceiptOutcome, RecordKind},
+    validate::RejectReason,
+};
+
+impl Engine {
+    /// Closes the ticks before `upto` (all when `None`): each tick's quorum
+    /// sums in group order, one outer round per tick. A sum that arrived
+    /// after its tick closed here joins the first tick closed now, as a
+    /// late update does. Pending updates of closed ticks leave the queue
+    /// (counted as missed until a sum brings them).
+    pub(in crate::engine) fn apply_aggregates(&mut self, upto: Option<u64>) {
+        let Some(cfg) = self.cfg.aggregation else {
+            return;
+        };
+        let before = |k: u64| upto.is_none_or(|u| k < u);
+        let open = self.first_open_key();
+        let mut keys: BTreeSet<u64> =
+            self.aggregation.held.keys().map(|(k, _)| *k).filter(|k| before(*k) && *k >= open).collect();
+        keys.extend(self.aggregation.expected.keys().copied().filter(|k| before(*k) && *k >= open));
+        let mut late: Vec<GroupKey> = self.aggregation.held.keys().copied().filter(|(k, _)| *k < open).collect();
+        for key in keys {
+            let expected = self.expected_groups(key);
+            let mut sums = Vec::new();
+            for (k, g) in std::mem::take(&mut late) {
+                self.event(EngineEvent::LateAggregate { key: k, group: g, applied_in: key });
+                sums.extend(self.take_held((k, g)));
+            }
+            for g in 0..cfg.groups {
+                match self.take_held((key, g)) {
+                    Some(a) => sums.push(a),
+                    None if expected.contains(&g) => self.event(EngineEvent::AggregateMissed { key, group: g }),
+                    None => {}
+                }
+            }
+            self.apply_sums(key, &sums);
+        }
+        // Nobody sums these any more here; a late sum may still bring them.
+        let (closed, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|p| before(self.batch_key(&p.announcement)));
+        self.pending = later;
+        self.index_pending();
+        let missed: Vec<_> = closed.iter().map(|p| p.announcement.id).filter(|id| !self.applied.contains(id)).collect();
+        for id in missed {
+            *self.stats.dropped.entry(RejectReason::MissedAggregate).or_insert(0) += 1;
+            self.event(EngineEvent::Dropped { id, reason: RejectReason::MissedAggregate });
+        }
+        // Late sums are taken within the staleness bound.
+        let keep_from = self.first_open_key().saturating_sub(u64::from(self.cfg.staleness.tau_max) + 1);
+        self.aggregation.forget_before(keep_from);
+    }
+
+    /// Removes a held sum to apply it; its group is never fetched again.
+    fn take_held(&mut self, k: GroupKey) -> Option<Arc<Aggregate>> {
+        let sum = self.aggregation.held.remove(&k)?;
+        self.aggregation.applied.insert(k);
+        Some(sum)
+    }
+
+    /// Applies one tick's sums and closes its outer round.
+    fn apply_sums(&mut self, key: u64, sums: &[Arc<Aggregate>]) {
+        let total: usize = sums.iter().map(|a| a.members.len()).sum();
+        if total == 0 {
+            return;
+        }
+        let n = total as u32;
+        let outer_cfg = self.cfg.outer;
+        for sum in sums {
+            let payload = Payload::parse(self.cfg.codec, self.anchor.len(), &sum.payload).expect("checked on arrival");
+            let anchor = Arc::make_mut(&mut self.anchor);
+            self.outer.accumulate(&outer_cfg, anchor, &payload, 1.0, n);
+            for m in &sum.members {
+                self.version.increment(m.id.src);
+                self.applied.insert(m.id);
+                self.inner_lr.observe(m.loss, m.samples);
+                self.stats.applied += 1;
+                self.stats.staleness_histogram[(m.staleness as usize).min(7)] += 1;
+                self.note_contribution(m.id.src, key);
+                if m.id.src != self.me {
+                    self.emit(Output::Record(RecordKind::Receipt {
+                        update: m.id,
+                        payload_hash: m.payload_hash,
+                        samples: m.samples,
+                        outcome: ReceiptOutcome::Accepted { weight: m.weight, staleness: m.staleness },
+                    }));
+                }
+                self.event(EngineEvent::Applied {
+                    id: m.id,
+                    staleness: m.staleness as u64,
+                    weight: m.weight,
+                    nodes: total,
+                });
+            }
+        }
+        self.close_outer_round(n);
+        self.last_closed_key = Some(key);
+    }
+}

@@ -1,0 +1,102 @@
+//! Aggregated dissemination: replicas apply quorum sums and stay
+//! identical, each node receives a bounded number of payloads per round,
+//! and one forging aggregator changes nothing anyone applies.
+
+use super::*;
+use crate::aggregate::{AggregateAnnouncement, AggregationConfig};
+
+const NODES: usize = 16;
+
+fn aggregated(on: bool) -> EngineConfig {
+    let mut cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+    cfg.anti_entropy.every_rounds = 0;
+    if on {
+        cfg.aggregation = Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 2 });
+    }
+    cfg
+}
+
+fn speeds() -> Vec<f64> {
+    (0..NODES).map(|k| 1.0 + (k % 4) as f64).collect()
+}
+
+fn applied_by(h: &Harness, k: usize) -> usize {
+    h.applied_log.iter().filter(|(n, _)| *n == k).count()
+}
+
+#[test]
+fn aggregated_replicas_stay_identical_and_each_node_receives_a_few_sums_per_round() {
+    let mut full = Harness::new(aggregated(false), &speeds(), 11);
+    let mut agg = Harness::new(aggregated(true), &speeds(), 11);
+    agg.engines[0].config().validate().unwrap();
+    let end = Micros::from_secs_f64(300.0);
+    full.run_until(end);
+    agg.run_until(end);
+    let opt = global_optimum(NODES);
+    let start: f32 = opt.iter().map(|x| x * x).sum::<f32>().sqrt();
+    for h in [&full, &agg] {
+        // Every replica that applied the same updates holds the same anchor.
+        let v0 = h.engines[0].version().clone();
+        let same = h.engines.iter().filter(|e| e.version() == &v0).count();
+        assert!(same >= NODES - 1, "{same} replicas agree with node 0");
+        for e in h.engines.iter().filter(|e| e.version() == &v0) {
+            assert_eq!(e.anchor(), h.engines[0].anchor());
+        }
+        assert!(h.distance_to(0, &opt) < 0.05 * start, "{} of {start}", h.distance_to(0, &opt));
+    }
+    // Nearly every update is applied through the sums: the last tick's
+    // may still be open, and an early tick's may miss its group's quorum.
+    let published = agg.announcements.len();
+    let applied = applied_by(&agg, 5);
+    assert!(applied * 100 >= published * 95, "applied {applied} of {published}");
+    let missed = agg.dropped.iter().filter(|(_, r)| *r == RejectReason::MissedAggregate).count();
+    assert!(missed * 100 <= published * NODES, "{missed} missed");
+    // Full dissemination delivers every update to every node; aggregated,
+    // a node receives one sum per group (4) and, as one of 12 aggregator
+    // slots a tick among 16 nodes, 3 members a round on average.
+    let rounds = agg.engines[5].stats().rounds;
+    let per_round = agg.received[5] as f64 / rounds as f64;
+    let full_per_round = full.received[5] as f64 / full.engines[5].stats().rounds as f64;
+    assert!(per_round <= 4.0 + 3.0 + 1.0, "{per_round} per round");
+    assert!(full_per_round >= (NODES - 2) as f64, "{full_per_round} per round");
+}
+
+#[test]
+fn a_forging_aggregator_changes_nothing_that_is_applied() {
+    let mut honest = Harness::new(aggregated(true), &speeds(), 12);
+    let mut forged = Harness::new(aggregated(true), &speeds(), 12);
+    forged.forger = Some(3);
+    let end = Micros::from_secs_f64(120.0);
+    honest.run_until(end);
+    forged.run_until(end);
+    // The forger's sums never gathered a quorum: every node applied the
+    // honest sums, and the run is bit-identical to the honest one.
+    assert!(forged.aggregators.contains(&forged.engines[3].node_id()), "node 3 aggregated");
+    for k in 0..NODES {
+        assert_eq!(forged.engines[k].anchor(), honest.engines[k].anchor(), "node {k}");
+    }
+    // A sum signed by a node no view designates is refused with its reason.
+    let e = &mut forged.engines[1];
+    let now = end;
+    let key = e.clock.as_ref().unwrap().tick(now);
+    let designated = e.designated(key);
+    let outsider = (0..NODES)
+        .map(|k| Keypair::deterministic(12, k as u64).node_id())
+        .find(|n| !designated[0].contains(n))
+        .unwrap();
+    let a = AggregateAnnouncement {
+        run_id: e.run_id(),
+        key,
+        group: 0,
+        aggregator: outsider,
+        members: 1,
+        body_len: 100,
+        body_hash: Hash32([1; 32]),
+    };
+    e.handle(now, Input::AggregateAnnouncement { announcement: a, from: outsider });
+    let refused = std::iter::from_fn(|| e.poll_output()).any(|o| {
+        matches!(o, Output::Event(EngineEvent::AggregateRefused { reason: RejectReason::NotAnAggregator, .. }))
+    });
+    assert!(refused);
+    assert_eq!(e.stats().dropped.get(&RejectReason::NotAnAggregator), Some(&1));
+}
