@@ -170,6 +170,9 @@ pub enum AggregateError {
     /// The sum is not a payload of the model's size.
     #[error(transparent)]
     Payload(#[from] CodecError),
+    /// The sum holds a NaN or an infinity.
+    #[error("aggregate sum is not finite")]
+    NonFinite,
 }
 
 impl Aggregate {
@@ -184,7 +187,8 @@ impl Aggregate {
     }
 
     /// Decodes fetched bytes, checking the size limit first, then the
-    /// members' order and numbers and the sum's shape. Never panics.
+    /// members' order and numbers and the sum's shape and finiteness.
+    /// Never panics.
     pub fn decode(bytes: &[u8], codec: CodecKind, n: usize) -> Result<Aggregate, AggregateError> {
         let max = Self::max_len(codec, n);
         if bytes.len() > max {
@@ -201,10 +205,14 @@ impl Aggregate {
         {
             return Err(AggregateError::Members);
         }
-        if let Some(m) = agg.members.iter().find(|m| !(m.weight.is_finite() && (0.0..=1.0).contains(&m.weight))) {
+        let usable =
+            |m: &AggregateMember| m.weight.is_finite() && (0.0..=1.0).contains(&m.weight) && m.loss.is_finite();
+        if let Some(m) = agg.members.iter().find(|m| !usable(m)) {
             return Err(AggregateError::Member(m.id));
         }
-        Payload::parse(codec, n, &agg.payload)?;
+        if !Payload::parse(codec, n, &agg.payload)?.finite_and_norm_sq().0 {
+            return Err(AggregateError::NonFinite);
+        }
         Ok(agg)
     }
 
@@ -379,6 +387,12 @@ mod tests {
         assert_eq!(Aggregate::decode(&twice.encode(), codec, 2), Err(AggregateError::Members));
         let heavy = Aggregate { members: vec![member(1, 0, 2.0)], ..ok.clone() };
         assert!(matches!(Aggregate::decode(&heavy.encode(), codec, 2), Err(AggregateError::Member(_))));
+        let mut nan_loss = member(1, 0, 1.0);
+        nan_loss.loss = f32::NAN;
+        let nan_loss = Aggregate { members: vec![nan_loss], ..ok.clone() };
+        assert!(matches!(Aggregate::decode(&nan_loss.encode(), codec, 2), Err(AggregateError::Member(_))));
+        let nan_sum = Aggregate { payload: [f32::NAN.to_le_bytes(), 1f32.to_le_bytes()].concat(), ..ok.clone() };
+        assert_eq!(Aggregate::decode(&nan_sum.encode(), codec, 2), Err(AggregateError::NonFinite));
         let short = Aggregate { payload: vec![0; 4], ..ok.clone() };
         assert!(matches!(Aggregate::decode(&short.encode(), codec, 2), Err(AggregateError::Payload(_))));
         let mut trailing = ok.encode();

@@ -123,7 +123,7 @@ impl Engine {
             return r.clone();
         }
         let me = self.me;
-        let live: Vec<NodeId> = self.membership.peers().map(|(id, _)| *id).chain(std::iter::once(me)).collect();
+        let live: Vec<NodeId> = self.live_ids().collect();
         let (mut roles, mut designated) = (Roles::default(), Vec::new());
         let (r, fanout) = (cfg.aggregators as usize, cfg.fanout as usize);
         for g in 0..cfg.groups {
@@ -139,6 +139,11 @@ impl Engine {
         let roles = Arc::new(roles);
         self.aggregation.roles.insert(key, roles.clone());
         roles
+    }
+
+    /// The live set in our view, us included.
+    fn live_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.membership.peers().map(|(id, _)| *id).chain(std::iter::once(self.me))
     }
 
     /// Where our own update of batch `key` goes: its group's aggregators
@@ -169,15 +174,8 @@ impl Engine {
         if let Some(e) = self.aggregation.expected.get(&key) {
             return e.clone();
         }
-        let me = self.me;
-        let groups: BTreeSet<u32> = self
-            .membership
-            .peers()
-            .map(|(id, _)| *id)
-            .chain(std::iter::once(me))
-            .filter(|n| self.expected_in(n, key))
-            .map(|n| group_of(key, &n, cfg.groups))
-            .collect();
+        let groups: BTreeSet<u32> =
+            self.live_ids().filter(|n| self.expected_in(n, key)).map(|n| group_of(key, &n, cfg.groups)).collect();
         let groups = Arc::new(groups);
         self.aggregation.expected.insert(key, groups.clone());
         groups
@@ -209,23 +207,18 @@ impl Engine {
         let Some(cfg) = self.cfg.aggregation else {
             return false;
         };
-        let me = self.me;
-        let expected = self
-            .membership
-            .peers()
-            .map(|(id, _)| *id)
-            .chain(std::iter::once(me))
-            .filter(|n| group_of(key, n, cfg.groups) == group && self.expected_in(n, key))
-            .count();
+        let expected =
+            self.live_ids().filter(|n| group_of(key, n, cfg.groups) == group && self.expected_in(n, key)).count();
         have >= expected
     }
 
     /// Sums the groups this node is designated for whose tick has ended,
     /// once complete or at the publish deadline; sets the wake-up for the rest.
     pub(super) fn publish_due_aggregates(&mut self, now: Micros) {
-        let (Some(_), Some(clock), Schedule::Tick { grace, .. }) =
-            (self.cfg.aggregation, self.clock.clone(), self.cfg.schedule)
-        else {
+        let (Some(_), Schedule::Tick { grace, .. }) = (self.cfg.aggregation, self.cfg.schedule) else {
+            return;
+        };
+        let Some(clock) = self.clock.clone() else {
             return;
         };
         let tick = clock.tick(now);

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     codec::Payload,
-    ids::{NodeId, UpdateId},
+    ids::{Hash32, NodeId, UpdateId},
     ledger::{ReceiptOutcome, RecordKind},
     time::Micros,
     validate::RejectReason,
@@ -258,13 +258,16 @@ impl Engine {
     /// have one batch.
     pub(super) fn batch_key(&self, a: &UpdateAnnouncement) -> u64 {
         match self.cfg.schedule {
-            Schedule::Tick { .. } => {
-                let cap = a.base_tick.saturating_add(u64::from(self.cfg.staleness.tau_max) + 1);
-                a.base_tick.max(a.publish_tick.min(cap))
-            }
+            Schedule::Tick { .. } => self.tick_batch(a.base_tick, a.publish_tick),
             Schedule::Barrier => a.id.round,
             Schedule::FreeRunning => 0,
         }
+    }
+
+    /// Tick mode's batch for an update of these ticks (see [`Engine::batch_key`]).
+    pub(super) fn tick_batch(&self, base_tick: u64, publish_tick: u64) -> u64 {
+        let cap = base_tick.saturating_add(u64::from(self.cfg.staleness.tau_max) + 1);
+        base_tick.max(publish_tick.min(cap))
     }
 
     /// Rebuilds the indexes of the pending queue.
@@ -397,6 +400,19 @@ impl Engine {
         } else {
             self.outer.apply(&self.cfg.outer, anchor, &payload, w, n as u32)
         };
+        let applied = Applied { id: a.id, payload_hash: a.payload_hash, samples: a.samples, loss: a.loss };
+        self.count_applied(applied, w, tau, n);
+        if closed {
+            let outer_rounds = self.outer.outer_rounds;
+            self.event(EngineEvent::OuterRound { outer_rounds });
+            self.close_inner_lr_round();
+        }
+    }
+
+    /// Books an update whose values are in the anchor (alone or in a sum):
+    /// version vector, applied set, the swarm's loss, counters, the ledger's
+    /// receipt and the event.
+    pub(super) fn count_applied(&mut self, a: Applied, weight: f32, tau: u64, nodes: usize) {
         self.version.increment(a.id.src);
         self.applied.insert(a.id);
         self.inner_lr.observe(a.loss, a.samples);
@@ -407,14 +423,21 @@ impl Engine {
                 update: a.id,
                 payload_hash: a.payload_hash,
                 samples: a.samples,
-                outcome: ReceiptOutcome::Accepted { weight: w, staleness: tau.min(u32::MAX as u64) as u32 },
+                outcome: ReceiptOutcome::Accepted { weight, staleness: tau.min(u32::MAX as u64) as u32 },
             }));
         }
-        self.event(EngineEvent::Applied { id: a.id, staleness: tau, weight: w, nodes: n });
-        if closed {
-            let outer_rounds = self.outer.outer_rounds;
-            self.event(EngineEvent::OuterRound { outer_rounds });
-            self.close_inner_lr_round();
-        }
+        self.event(EngineEvent::Applied { id: a.id, staleness: tau, weight, nodes });
     }
+}
+
+/// What the books need of an applied update.
+pub(super) struct Applied {
+    /// Source and round.
+    pub(super) id: UpdateId,
+    /// Its payload hash, for the receipt.
+    pub(super) payload_hash: Hash32,
+    /// Samples it processed.
+    pub(super) samples: u64,
+    /// Its round's training loss.
+    pub(super) loss: f32,
 }

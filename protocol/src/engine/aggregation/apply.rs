@@ -7,8 +7,7 @@ use super::GroupKey;
 use crate::{
     aggregate::Aggregate,
     codec::Payload,
-    engine::{Engine, EngineEvent, Output},
-    ledger::{ReceiptOutcome, RecordKind},
+    engine::{Engine, EngineEvent, receive::Applied},
     validate::RejectReason,
 };
 
@@ -79,26 +78,9 @@ impl Engine {
             let anchor = Arc::make_mut(&mut self.anchor);
             self.outer.accumulate(&outer_cfg, anchor, &payload, 1.0, n);
             for m in &sum.members {
-                self.version.increment(m.id.src);
-                self.applied.insert(m.id);
-                self.inner_lr.observe(m.loss, m.samples);
-                self.stats.applied += 1;
-                self.stats.staleness_histogram[(m.staleness as usize).min(7)] += 1;
                 self.note_contribution(m.id.src, key);
-                if m.id.src != self.me {
-                    self.emit(Output::Record(RecordKind::Receipt {
-                        update: m.id,
-                        payload_hash: m.payload_hash,
-                        samples: m.samples,
-                        outcome: ReceiptOutcome::Accepted { weight: m.weight, staleness: m.staleness },
-                    }));
-                }
-                self.event(EngineEvent::Applied {
-                    id: m.id,
-                    staleness: m.staleness as u64,
-                    weight: m.weight,
-                    nodes: total,
-                });
+                let applied = Applied { id: m.id, payload_hash: m.payload_hash, samples: m.samples, loss: m.loss };
+                self.count_applied(applied, m.weight, u64::from(m.staleness), total);
             }
         }
         self.close_outer_round(n);

@@ -240,7 +240,7 @@ impl Engine {
                 let reason = match e {
                     AggregateError::TooLarge { .. } => RejectReason::TooLarge,
                     AggregateError::Payload(_) => RejectReason::ShapeMismatch,
-                    AggregateError::Member(_) => RejectReason::NonFinite,
+                    AggregateError::Member(_) | AggregateError::NonFinite => RejectReason::NonFinite,
                     AggregateError::Malformed(_) | AggregateError::Members => RejectReason::Malformed,
                 };
                 self.refuse_aggregate(key, group, from, reason);
@@ -261,11 +261,9 @@ impl Engine {
         let Some(cfg) = self.cfg.aggregation else {
             return false;
         };
-        let cap = u64::from(self.cfg.staleness.tau_max) + 1;
         aggregate.members.len() == count as usize
             && aggregate.members.iter().all(|m| {
-                let batch = m.base_tick.max(m.publish_tick.min(m.base_tick.saturating_add(cap)));
-                batch == key
+                self.tick_batch(m.base_tick, m.publish_tick) == key
                     && group_of(key, &m.id.src, cfg.groups) == group
                     && !self.applied.contains(&m.id)
                     && !self.given_up.contains(&m.id)
