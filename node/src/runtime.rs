@@ -107,7 +107,7 @@ pub(crate) enum Internal {
     Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, fetch::FetchError> },
     Announcement { id: UpdateId, from: NodeId, result: Result<Option<Signed<UpdateAnnouncement>>, fetch::FetchError> },
     Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, fetch::FetchError> },
-    Anchor { from: NodeId, result: Result<ragtag_protocol::engine::ReplicaState, fetch::FetchError> },
+    Anchor { from: NodeId, result: Result<Box<ragtag_protocol::engine::ReplicaState>, fetch::FetchError> },
 }
 
 pub use crate::wall_clock::now;

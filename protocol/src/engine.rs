@@ -23,6 +23,7 @@ mod io;
 pub mod membership;
 pub mod outer;
 mod receive;
+pub mod roster;
 mod round;
 pub mod snapshot;
 pub mod staleness;
@@ -207,6 +208,8 @@ pub struct Engine {
     /// peers have each value: tick completeness in O(log N).
     last_tick_of: BTreeMap<NodeId, u64>,
     last_tick_counts: BTreeMap<u64, u32>,
+    /// Recent contributors to applied sums: who may hold a role in a tick.
+    roster: roster::Roster,
     /// The anchor fetch in flight.
     anchor_fetch: Option<anti_entropy::AnchorFetch>,
     /// Anti-entropy runs every round while replicas are known or suspected
@@ -287,6 +290,7 @@ impl Engine {
             pending_ticks: BTreeSet::new(),
             tick_arrivals: BTreeMap::new(),
             last_tick_of: BTreeMap::new(),
+            roster: roster::Roster::default(),
             last_tick_counts: BTreeMap::new(),
             anchor_fetch: None,
             repairing: false,

@@ -333,8 +333,18 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::Scenario(i) => self.scenario_event(i),
-            Ev::Joined { node, state } => {
+            Ev::Join { node } => {
                 if self.nodes[node].state == NodeState::Joining {
+                    self.join(node);
+                }
+            }
+            Ev::Joined { node, state } => {
+                if self.nodes[node].state == NodeState::Joining
+                    && !state.current_at(&self.manifest.engine, Micros::from_secs_f64(self.now))
+                {
+                    // Sums were announced while it travelled: ask again.
+                    self.join(node);
+                } else if self.nodes[node].state == NodeState::Joining {
                     let engine =
                         self.nodes[node].join_engine(&self.manifest, self.run_id, *state, self.scenario.step_cost_s);
                     self.nodes[node].bring_up(engine, self.now);
@@ -403,22 +413,34 @@ impl<'a> Sim<'a> {
             }
             EventKind::Join => {
                 for n in e.nodes.iter().map(|n| *n as usize) {
-                    if self.live(n) {
-                        continue;
-                    }
-                    // Sync state from the lowest-indexed live peer.
-                    let Some(peer) = (0..self.nodes.len()).find(|j| *j != n && self.live(*j)) else { continue };
-                    let state = self.nodes[peer].engine.as_ref().expect("live nodes have engines").replica_state();
-                    let bytes = 4 * (state.anchor.len() + state.outer.momentum.len() + state.outer.buffer.len()) + 1024;
-                    self.nodes[n].state = NodeState::Joining;
-                    match self.network.send(self.now, peer, n, bytes) {
-                        Some(at) => self.push(at, Ev::Joined { node: n, state: Box::new(state) }),
-                        None => self.nodes[n].state = NodeState::Down,
+                    if !self.live(n) {
+                        self.join(n);
                     }
                 }
             }
             EventKind::Partition => self.network.partition(&e.groups),
             EventKind::Heal => self.network.heal(),
+        }
+    }
+
+    /// Node `n` asks the lowest-indexed live peer for its state, which
+    /// serves it once its engine says it is fit for a joiner.
+    fn join(&mut self, n: usize) {
+        let Some(peer) = (0..self.nodes.len()).find(|j| *j != n && self.live(*j)) else {
+            self.nodes[n].state = NodeState::Down;
+            return;
+        };
+        self.nodes[n].state = NodeState::Joining;
+        let engine = self.nodes[peer].engine.as_ref().expect("live nodes have engines");
+        if let Some(at) = engine.state_ready_at(Micros::from_secs_f64(self.now)) {
+            self.push_at(at, Ev::Join { node: n });
+            return;
+        }
+        let state = engine.replica_state();
+        let bytes = 4 * (state.anchor.len() + state.outer.momentum.len() + state.outer.buffer.len()) + 1024;
+        match self.network.send(self.now, peer, n, bytes) {
+            Some(at) => self.push(at, Ev::Joined { node: n, state: Box::new(state) }),
+            None => self.nodes[n].state = NodeState::Down,
         }
     }
 

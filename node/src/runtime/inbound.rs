@@ -356,7 +356,7 @@ impl Node {
             // The engine checks the state (`ReplicaState::verify`) and
             // refuses a bad one with its reason, which `outputs` counts and logs.
             Internal::Anchor { from, result } => match result {
-                Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state: Box::new(state) }),
+                Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state }),
                 Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
             },
         }

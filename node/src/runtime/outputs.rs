@@ -89,7 +89,7 @@ impl Node {
                 let (net, tx, run) = (self.net.clone(), self.internal_tx.clone(), self.engine.run_id());
                 tokio::spawn(async move {
                     let result = fetch::state(&net, p, run).await;
-                    let _ = tx.send(Internal::Anchor { from, result }).await;
+                    let _ = tx.send(Internal::Anchor { from, result: result.map(Box::new) }).await;
                 });
             }
             Output::Record(kind) => {

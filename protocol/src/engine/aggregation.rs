@@ -31,6 +31,10 @@ use crate::{
 /// reaches them.
 const PUBLISH_SHARE_OF_GRACE: f64 = 1.0;
 
+/// Graces the exchange waits in aggregation mode: one hop from sources to
+/// aggregators, one for the sums to everyone.
+pub(super) const EXCHANGE_GRACES: u64 = 2;
+
 type GroupKey = (u64, u32);
 /// A body that came before its quorum, and its hash.
 type EarlyBody = (Hash32, Arc<Vec<u8>>);
@@ -60,7 +64,8 @@ struct Fetch {
 struct Roles {
     /// The designated aggregators.
     designated: Arc<Vec<Vec<NodeId>>>,
-    /// The node this one takes the sum from (`None`: it aggregates).
+    /// The node this one takes the sum from (`None`: it aggregates, or
+    /// is not on the roster).
     parent: Vec<Option<NodeId>>,
     /// The nodes this one passes the sum on to.
     children: Vec<Vec<NodeId>>,
@@ -123,16 +128,25 @@ impl Engine {
             return r.clone();
         }
         let me = self.me;
-        let live: Vec<NodeId> = self.live_ids().collect();
+        // The roster, the same at every replica that applied the same
+        // sums; our view of the live set only before any tick settled.
+        let mut eligible: Vec<NodeId> = self.roster.eligible(key).collect();
+        if eligible.is_empty() {
+            eligible = self.live_ids().collect();
+        }
         let (mut roles, mut designated) = (Roles::default(), Vec::new());
         let (r, fanout) = (cfg.aggregators as usize, cfg.fanout as usize);
         for g in 0..cfg.groups {
-            let ranked = rank(key, g, live.iter().copied());
-            let at = ranked.iter().position(|n| *n == me).expect("we are in our own view");
-            roles.parent.push(tree_parent(at, cfg.aggregators, cfg.fanout).map(|p| ranked[p]));
+            let ranked = rank(key, g, eligible.iter().copied());
+            // Not on the roster (a joiner): no role, sums fetched from signers.
+            let at = ranked.iter().position(|n| *n == me);
+            roles.parent.push(at.and_then(|at| tree_parent(at, cfg.aggregators, cfg.fanout).map(|p| ranked[p])));
             // The positions whose parent is ours (see `tree_parent`).
-            let first = (r + at * fanout).min(ranked.len());
-            roles.children.push(ranked[first..(first + fanout).min(ranked.len())].to_vec());
+            let children = at.map_or(&[][..], |at| {
+                let first = (r + at * fanout).min(ranked.len());
+                &ranked[first..(first + fanout).min(ranked.len())]
+            });
+            roles.children.push(children.to_vec());
             designated.push(ranked.into_iter().take(r).collect());
         }
         roles.designated = Arc::new(designated);

@@ -92,6 +92,7 @@ impl Engine {
             last_closed_key: self.last_closed_key,
             pending: self.pending.clone(),
             inner_lr: self.inner_lr.clone(),
+            roster: self.roster.clone(),
         }
     }
 

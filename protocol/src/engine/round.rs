@@ -89,7 +89,7 @@ impl Engine {
         }
         // Aggregated, the exchange takes two hops (sources to aggregators,
         // sums to everyone): a grace for each.
-        let hops = if self.cfg.aggregation.is_some() { 2.0 } else { 1.0 };
+        let hops = if self.cfg.aggregation.is_some() { super::aggregation::EXCHANGE_GRACES as f64 } else { 1.0 };
         let deadline = this_tick + Micros::from_secs_f64(period.as_secs_f64() * grace as f64 * hops);
         // Overlapped, the last tick's updates are applied a tick later:
         // nothing to wait for.

@@ -37,6 +37,10 @@ pub struct ReplicaState {
     /// swarm's rate.
     #[serde(default)]
     pub inner_lr: super::inner_lr::InnerLrState,
+    /// Who contributed to the last ticks' sums (aggregated dissemination),
+    /// so a joiner ranks aggregators as the swarm does.
+    #[serde(default)]
+    pub roster: super::roster::Roster,
 }
 
 /// Why a replica state was refused.
@@ -62,6 +66,9 @@ pub enum StateError {
     /// An inner learning-rate schedule the manifest's could not reach.
     #[error("state's inner learning-rate schedule is out of range")]
     InnerLr,
+    /// Contributors recorded for ticks the state has not closed.
+    #[error("state's roster names ticks it has not closed")]
+    Roster,
 }
 
 impl ReplicaState {
@@ -82,6 +89,9 @@ impl ReplicaState {
         if !self.inner_lr.plausible(&cfg.inner_lr) {
             return Err(StateError::InnerLr);
         }
+        if self.roster.newest().is_some_and(|n| self.last_closed_key.is_none_or(|c| n > c)) {
+            return Err(StateError::Roster);
+        }
         for p in &self.pending {
             let payload = crate::codec::Payload::parse(p.announcement.codec, num_params, &p.bytes)
                 .map_err(|_| StateError::Shape { expected: num_params, got: p.bytes.len() })?;
@@ -90,6 +100,20 @@ impl ReplicaState {
             }
         }
         Ok(())
+    }
+}
+
+impl ReplicaState {
+    /// Whether a joiner may still start from this state at `now`. With
+    /// aggregated dissemination a tick's sums are announced once, in the
+    /// tick after it: a state closed through tick `c` misses nothing only
+    /// if its joiner listens before tick `c + 2` begins, when the sums of
+    /// tick `c + 1` are announced. Always true otherwise.
+    pub fn current_at(&self, cfg: &EngineConfig, now: Micros) -> bool {
+        match (cfg.aggregation, &self.clock, self.last_closed_key) {
+            (Some(_), Some(clock), Some(closed)) => clock.tick(now) <= closed + 1,
+            _ => true,
+        }
     }
 }
 
@@ -143,6 +167,24 @@ impl Engine {
         e
     }
 
+    /// When this replica's state is fit to give a joiner: `None` now, or
+    /// the time to ask again. With aggregated dissemination a state taken
+    /// while the last tick's sums are still being announced would leave
+    /// its joiner without them (their signed hashes went out before it
+    /// listened), so it waits until that tick is closed.
+    pub fn state_ready_at(&self, now: Micros) -> Option<Micros> {
+        let (Some(_), Some(clock)) = (self.cfg.aggregation, self.clock.as_ref()) else {
+            return None;
+        };
+        let tick = clock.tick(now);
+        if tick == 0 || self.last_closed_key.is_some_and(|c| c + 1 >= tick) {
+            return None;
+        }
+        let grace = self.grace_time().0.max(1);
+        let closes = clock.boundary(tick) + Micros(super::aggregation::EXCHANGE_GRACES * grace);
+        Some(if closes > now { closes } else { now + Micros(grace) })
+    }
+
     /// Makes sure our next round number is at least `round` (after a crash,
     /// the ledger may show a contribution newer than the checkpoint).
     pub fn advance_round_to(&mut self, round: u64) {
@@ -182,7 +224,43 @@ impl Engine {
         self.clock = state.clock;
         self.last_closed_key = state.last_closed_key;
         self.pending = state.pending;
+        self.roster = state.roster;
         self.index_pending();
         self.phase = Phase::Created;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::AggregationConfig, engine::Strategy, ids::Hash32};
+
+    fn aggregating() -> (EngineConfig, ReplicaState) {
+        let mut cfg = EngineConfig::preset(Strategy::Gopals);
+        cfg.aggregation = Some(AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8 });
+        let e = Engine::new(cfg, NodeId([1; 32]), RunId(Hash32([2; 32])), Micros(0), vec![0.5; 4], 1.0, 7);
+        let mut s = e.replica_state();
+        s.clock = Some(TickClock::new(Micros(0), Micros::from_secs_f64(1.0)));
+        s.last_closed_key = Some(4);
+        (cfg, s)
+    }
+
+    #[test]
+    fn a_joiner_may_start_from_a_state_only_before_its_next_sums_are_announced() {
+        let (cfg, s) = aggregating();
+        // Closed through tick 4: tick 5's sums are announced early in tick 6.
+        assert!(s.current_at(&cfg, Micros::from_secs_f64(5.9)));
+        assert!(!s.current_at(&cfg, Micros::from_secs_f64(6.0)));
+        let full = EngineConfig::preset(Strategy::Gopals);
+        assert!(s.current_at(&full, Micros::from_secs_f64(60.0)), "without aggregation every state is current");
+    }
+
+    #[test]
+    fn a_roster_newer_than_the_closed_ticks_is_refused() {
+        let (cfg, mut s) = aggregating();
+        s.roster.record(NodeId([3; 32]), 4);
+        assert_eq!(s.verify(&cfg, 4), Ok(()));
+        s.roster.record(NodeId([3; 32]), 5);
+        assert_eq!(s.verify(&cfg, 4), Err(StateError::Roster));
     }
 }

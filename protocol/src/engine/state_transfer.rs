@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, ReplicaState, inner_lr::InnerLrState, outer::OuterState, tick::TickClock};
+use super::{Pending, ReplicaState, inner_lr::InnerLrState, outer::OuterState, roster::Roster, tick::TickClock};
 use crate::{
     ids::Hash32,
     version::{AppliedSet, VersionVector},
@@ -37,6 +37,8 @@ pub struct SharedState {
     pub last_closed_key: Option<u64>,
     /// The inner learning rate's schedule.
     pub inner_lr: InnerLrState,
+    /// Recent contributors to sums (aggregated dissemination).
+    pub roster: Roster,
 }
 
 /// The holder's own part, with the name of the shared part.
@@ -68,8 +70,9 @@ pub enum TransferError {
 
 /// Encodes `state` as (head, shared part).
 pub fn split(state: ReplicaState) -> (Vec<u8>, Vec<u8>) {
-    let ReplicaState { anchor, outer, version, applied, clock, round, last_closed_key, pending, inner_lr } = state;
-    let shared = SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr };
+    let ReplicaState { anchor, outer, version, applied, clock, round, last_closed_key, pending, inner_lr, roster } =
+        state;
+    let shared = SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster };
     let shared = postcard::to_allocvec(&shared).expect("encoding to a Vec cannot fail");
     let head = StateHead { shared_hash: Hash32::of(&shared), shared_len: shared.len() as u64, round, pending };
     (postcard::to_allocvec(&head).expect("encoding to a Vec cannot fail"), shared)
@@ -89,7 +92,7 @@ pub fn assemble(head: StateHead, shared: &[u8]) -> Result<ReplicaState, Transfer
     if shared.len() as u64 != head.shared_len || Hash32::of(shared) != head.shared_hash {
         return Err(TransferError::Mismatch);
     }
-    let SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr } =
+    let SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster } =
         postcard::from_bytes(shared)?;
     Ok(ReplicaState {
         anchor,
@@ -101,6 +104,7 @@ pub fn assemble(head: StateHead, shared: &[u8]) -> Result<ReplicaState, Transfer
         last_closed_key,
         pending: head.pending,
         inner_lr,
+        roster,
     })
 }
 

@@ -56,6 +56,10 @@ pub(super) enum Ev {
         what: Delivery,
     },
     Scenario(usize),
+    /// A joiner asks for a state again (its holder was mid-exchange).
+    Join {
+        node: usize,
+    },
     Joined {
         node: usize,
         state: Box<ReplicaState>,

@@ -7,7 +7,11 @@ use super::GroupKey;
 use crate::{
     aggregate::Aggregate,
     codec::Payload,
-    engine::{Engine, EngineEvent, receive::Applied},
+    engine::{
+        Engine, EngineEvent,
+        receive::Applied,
+        roster::{SETTLE_TICKS, WINDOW_TICKS},
+    },
     validate::RejectReason,
 };
 
@@ -56,6 +60,7 @@ impl Engine {
         // Late sums are taken within the staleness bound.
         let keep_from = self.first_open_key().saturating_sub(u64::from(self.cfg.staleness.tau_max) + 1);
         self.aggregation.forget_before(keep_from);
+        self.roster.forget_before(keep_from.saturating_sub(SETTLE_TICKS + WINDOW_TICKS));
     }
 
     /// Removes a held sum to apply it; its group is never fetched again.
@@ -79,6 +84,7 @@ impl Engine {
             self.outer.accumulate(&outer_cfg, anchor, &payload, 1.0, n);
             for m in &sum.members {
                 self.note_contribution(m.id.src, key);
+                self.roster.record(m.id.src, self.tick_batch(m.base_tick, m.publish_tick));
                 let applied = Applied { id: m.id, payload_hash: m.payload_hash, samples: m.samples, loss: m.loss };
                 self.count_applied(applied, m.weight, u64::from(m.staleness), total);
             }

@@ -99,7 +99,7 @@ impl Engine {
     }
 
     /// One grace of the tick clock (the wait for a hop).
-    fn grace_time(&self) -> Micros {
+    pub(in crate::engine) fn grace_time(&self) -> Micros {
         match (self.cfg.schedule, self.clock.as_ref()) {
             (Schedule::Tick { grace, .. }, Some(c)) => Micros::from_secs_f64(c.period().as_secs_f64() * grace as f64),
             _ => Micros::ZERO,
