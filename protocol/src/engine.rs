@@ -28,6 +28,7 @@ mod round;
 pub mod snapshot;
 pub mod staleness;
 pub mod state_transfer;
+pub mod sum_guard;
 pub mod tick;
 pub mod trust;
 
@@ -210,6 +211,8 @@ pub struct Engine {
     last_tick_counts: BTreeMap<u64, u32>,
     /// Recent contributors to applied sums: who may hold a role in a tick.
     roster: roster::Roster,
+    /// Scaled norms of recently applied sums: the guard against forged ones.
+    sum_guard: sum_guard::SumGuard,
     /// The anchor fetch in flight.
     anchor_fetch: Option<anti_entropy::AnchorFetch>,
     /// Anti-entropy runs every round while replicas are known or suspected
@@ -291,6 +294,7 @@ impl Engine {
             tick_arrivals: BTreeMap::new(),
             last_tick_of: BTreeMap::new(),
             roster: roster::Roster::default(),
+            sum_guard: sum_guard::SumGuard::default(),
             last_tick_counts: BTreeMap::new(),
             anchor_fetch: None,
             repairing: false,

@@ -34,12 +34,7 @@ impl NormGuard {
 
     /// The running median, if any norms were recorded.
     pub fn median(&self) -> Option<f64> {
-        if self.window.is_empty() {
-            return None;
-        }
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        Some(v[v.len() / 2])
+        median_of(self.window.iter().copied())
     }
 
     /// Checks a norm against the bound.
@@ -60,6 +55,13 @@ impl NormGuard {
         }
         self.window.push_back(norm);
     }
+}
+
+/// The upper median of `values` (`None` for none).
+pub(crate) fn median_of(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// Checks announcements and payloads of one run.

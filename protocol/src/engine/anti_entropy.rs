@@ -93,6 +93,7 @@ impl Engine {
             pending: self.pending.clone(),
             inner_lr: self.inner_lr.clone(),
             roster: self.roster.clone(),
+            sum_guard: self.sum_guard.clone(),
         }
     }
 

@@ -41,6 +41,9 @@ pub struct ReplicaState {
     /// so a joiner ranks aggregators as the swarm does.
     #[serde(default)]
     pub roster: super::roster::Roster,
+    /// Recently applied sums' norms, so a joiner refuses the sums we would.
+    #[serde(default)]
+    pub sum_guard: super::sum_guard::SumGuard,
 }
 
 /// Why a replica state was refused.
@@ -69,6 +72,9 @@ pub enum StateError {
     /// Contributors recorded for ticks the state has not closed.
     #[error("state's roster names ticks it has not closed")]
     Roster,
+    /// A sum guard that is not a window of norms.
+    #[error("state's sum guard is unusable: {0}")]
+    SumGuard(#[from] super::sum_guard::SumGuardError),
 }
 
 impl ReplicaState {
@@ -92,6 +98,7 @@ impl ReplicaState {
         if self.roster.newest().is_some_and(|n| self.last_closed_key.is_none_or(|c| n > c)) {
             return Err(StateError::Roster);
         }
+        self.sum_guard.check()?;
         for p in &self.pending {
             let payload = crate::codec::Payload::parse(p.announcement.codec, num_params, &p.bytes)
                 .map_err(|_| StateError::Shape { expected: num_params, got: p.bytes.len() })?;
@@ -225,6 +232,7 @@ impl Engine {
         self.last_closed_key = state.last_closed_key;
         self.pending = state.pending;
         self.roster = state.roster;
+        self.sum_guard = state.sum_guard;
         self.index_pending();
         self.phase = Phase::Created;
     }

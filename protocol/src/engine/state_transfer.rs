@@ -11,7 +11,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Pending, ReplicaState, inner_lr::InnerLrState, outer::OuterState, roster::Roster, tick::TickClock};
+use super::{
+    Pending, ReplicaState, inner_lr::InnerLrState, outer::OuterState, roster::Roster, sum_guard::SumGuard,
+    tick::TickClock,
+};
 use crate::{
     ids::Hash32,
     version::{AppliedSet, VersionVector},
@@ -39,6 +42,8 @@ pub struct SharedState {
     pub inner_lr: InnerLrState,
     /// Recent contributors to sums (aggregated dissemination).
     pub roster: Roster,
+    /// Recently applied sums' norms.
+    pub sum_guard: SumGuard,
 }
 
 /// The holder's own part, with the name of the shared part.
@@ -70,9 +75,20 @@ pub enum TransferError {
 
 /// Encodes `state` as (head, shared part).
 pub fn split(state: ReplicaState) -> (Vec<u8>, Vec<u8>) {
-    let ReplicaState { anchor, outer, version, applied, clock, round, last_closed_key, pending, inner_lr, roster } =
-        state;
-    let shared = SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster };
+    let ReplicaState {
+        anchor,
+        outer,
+        version,
+        applied,
+        clock,
+        round,
+        last_closed_key,
+        pending,
+        inner_lr,
+        roster,
+        sum_guard,
+    } = state;
+    let shared = SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster, sum_guard };
     let shared = postcard::to_allocvec(&shared).expect("encoding to a Vec cannot fail");
     let head = StateHead { shared_hash: Hash32::of(&shared), shared_len: shared.len() as u64, round, pending };
     (postcard::to_allocvec(&head).expect("encoding to a Vec cannot fail"), shared)
@@ -92,7 +108,7 @@ pub fn assemble(head: StateHead, shared: &[u8]) -> Result<ReplicaState, Transfer
     if shared.len() as u64 != head.shared_len || Hash32::of(shared) != head.shared_hash {
         return Err(TransferError::Mismatch);
     }
-    let SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster } =
+    let SharedState { anchor, outer, version, applied, clock, last_closed_key, inner_lr, roster, sum_guard } =
         postcard::from_bytes(shared)?;
     Ok(ReplicaState {
         anchor,
@@ -105,6 +121,7 @@ pub fn assemble(head: StateHead, shared: &[u8]) -> Result<ReplicaState, Transfer
         pending: head.pending,
         inner_lr,
         roster,
+        sum_guard,
     })
 }
 

@@ -11,6 +11,7 @@ use crate::{
         Engine, EngineEvent,
         receive::Applied,
         roster::{SETTLE_TICKS, WINDOW_TICKS},
+        sum_guard::SumGuard,
     },
     validate::RejectReason,
 };
@@ -36,16 +37,16 @@ impl Engine {
             let mut sums = Vec::new();
             for (k, g) in std::mem::take(&mut late) {
                 self.event(EngineEvent::LateAggregate { key: k, group: g, applied_in: key });
-                sums.extend(self.take_held((k, g)));
+                sums.extend(self.take_held((k, g)).map(|a| ((k, g), a)));
             }
             for g in 0..cfg.groups {
                 match self.take_held((key, g)) {
-                    Some(a) => sums.push(a),
+                    Some(a) => sums.push(((key, g), a)),
                     None if expected.contains(&g) => self.event(EngineEvent::AggregateMissed { key, group: g }),
                     None => {}
                 }
             }
-            self.apply_sums(key, &sums);
+            self.apply_sums(key, sums);
         }
         // Nobody sums these any more here; a late sum may still bring them.
         let (closed, later): (Vec<_>, Vec<_>) =
@@ -63,6 +64,30 @@ impl Engine {
         self.roster.forget_before(keep_from.saturating_sub(SETTLE_TICKS + WINDOW_TICKS));
     }
 
+    /// The sums the norm guard admits, in order, each recorded as it is
+    /// admitted; the others refused (`NormTooLarge`, from their first
+    /// signer), their members never applied.
+    fn guard_sums(&mut self, sums: Vec<(GroupKey, Arc<Aggregate>)>) -> Vec<Arc<Aggregate>> {
+        let n = self.anchor.len();
+        let mut admitted = Vec::with_capacity(sums.len());
+        for (k, sum) in sums {
+            let payload = Payload::parse(self.cfg.codec, n, &sum.payload).expect("checked on arrival");
+            let Some(norm) = SumGuard::scaled_norm(&sum, payload.finite_and_norm_sq().1) else {
+                admitted.push(sum);
+                continue;
+            };
+            if self.sum_guard.admits(norm) {
+                self.sum_guard.record(norm);
+                admitted.push(sum);
+            } else {
+                let signer = self.aggregation.votes.get(&k).and_then(|v| v.iter().max_by_key(|v| v.signers.len()));
+                let from = signer.and_then(|v| v.signers.first().copied()).unwrap_or(self.me);
+                self.refuse_aggregate(k.0, k.1, from, RejectReason::NormTooLarge);
+            }
+        }
+        admitted
+    }
+
     /// Removes a held sum to apply it; its group is never fetched again.
     fn take_held(&mut self, k: GroupKey) -> Option<Arc<Aggregate>> {
         let sum = self.aggregation.held.remove(&k)?;
@@ -70,15 +95,17 @@ impl Engine {
         Some(sum)
     }
 
-    /// Applies one tick's sums and closes its outer round.
-    fn apply_sums(&mut self, key: u64, sums: &[Arc<Aggregate>]) {
+    /// Applies one tick's sums, those the norm guard admits, and closes
+    /// its outer round.
+    fn apply_sums(&mut self, key: u64, sums: Vec<(GroupKey, Arc<Aggregate>)>) {
+        let sums = self.guard_sums(sums);
         let total: usize = sums.iter().map(|a| a.members.len()).sum();
         if total == 0 {
             return;
         }
         let n = total as u32;
         let outer_cfg = self.cfg.outer;
-        for sum in sums {
+        for sum in &sums {
             let payload = Payload::parse(self.cfg.codec, self.anchor.len(), &sum.payload).expect("checked on arrival");
             let anchor = Arc::make_mut(&mut self.anchor);
             self.outer.accumulate(&outer_cfg, anchor, &payload, 1.0, n);

@@ -1,6 +1,7 @@
 //! Aggregated dissemination: replicas apply quorum sums and stay
 //! identical, each node receives a bounded number of payloads per round,
-//! and one forging aggregator changes nothing anyone applies.
+//! one forging aggregator changes nothing anyone applies, and the sums of
+//! two colluding ones are refused by their norm.
 
 use super::*;
 use crate::aggregate::{AggregateAnnouncement, AggregationConfig};
@@ -65,7 +66,7 @@ fn aggregated_replicas_stay_identical_and_each_node_receives_a_few_sums_per_roun
 fn a_forging_aggregator_changes_nothing_that_is_applied() {
     let mut honest = Harness::new(aggregated(true), &speeds(), 12);
     let mut forged = Harness::new(aggregated(true), &speeds(), 12);
-    forged.forger = Some(3);
+    forged.forgers = vec![3];
     let end = Micros::from_secs_f64(120.0);
     honest.run_until(end);
     forged.run_until(end);
@@ -99,4 +100,43 @@ fn a_forging_aggregator_changes_nothing_that_is_applied() {
     });
     assert!(refused);
     assert_eq!(e.stats().dropped.get(&RejectReason::NotAnAggregator), Some(&1));
+}
+
+#[test]
+fn sums_forged_by_two_colluding_aggregators_are_refused_by_every_replica() {
+    let mut honest = Harness::new(aggregated(true), &speeds(), 13);
+    let mut forged = Harness::new(aggregated(true), &speeds(), 13);
+    forged.forgers = vec![2, 9];
+    forged.forge_scale = Some(1000.0);
+    let end = Micros::from_secs_f64(300.0);
+    honest.run_until(end);
+    forged.run_until(end);
+    // Both colluders were designated for one group in some ticks, and
+    // signed the same forged sum there: a quorum.
+    let quorums: std::collections::BTreeSet<_> = forged
+        .forged
+        .iter()
+        .filter(|f| forged.forged.iter().filter(|g| g == f).count() >= 2)
+        .map(|(k, g, _)| (*k, *g))
+        .collect();
+    assert!(quorums.len() >= 3, "{} forged quorums", quorums.len());
+    // Every honest replica refused those sums by their norm, and no other
+    // (the colluders' own engines hold the honest sums they built).
+    for (k, e) in forged.engines.iter().enumerate().filter(|(k, _)| !forged.forgers.contains(k)) {
+        let refused = e.stats().dropped.get(&RejectReason::NormTooLarge).copied().unwrap_or(0);
+        assert!(refused >= quorums.len() as u64 - 1, "node {k} refused {refused} of {}", quorums.len());
+        assert_eq!(honest.engines[k].stats().dropped.get(&RejectReason::NormTooLarge), None, "node {k}");
+    }
+    // The replicas agree, and converge as the honest run does (the
+    // refused groups' updates are lost, nothing more).
+    let v0 = forged.engines[0].version().clone();
+    let same = forged.engines.iter().filter(|e| e.version() == &v0).count();
+    assert!(same >= NODES - 3, "{same} replicas agree with node 0");
+    for e in forged.engines.iter().filter(|e| e.version() == &v0) {
+        assert_eq!(e.anchor(), forged.engines[0].anchor());
+    }
+    let opt = global_optimum(NODES);
+    let start: f32 = opt.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let (d_forged, d_honest) = (forged.distance_to(0, &opt), honest.distance_to(0, &opt));
+    assert!(d_forged < 0.05 * start && d_forged < 2.0 * d_honest.max(1e-3 * start), "{d_forged} against {d_honest}");
 }

@@ -36,8 +36,13 @@ pub(super) struct Harness {
     pub(super) aggregates: BTreeMap<(u64, u32, Hash32), Arc<Vec<u8>>>,
     /// Who published each aggregate body.
     pub(super) aggregators: Vec<NodeId>,
-    /// This node's sums are replaced by forged ones (same members, other values).
-    pub(super) forger: Option<usize>,
+    /// These nodes' sums are replaced by forged ones (same members, other
+    /// values: every byte 0x3f, or the honest values times `forge_scale`,
+    /// so that two forgers of one group agree on the forgery).
+    pub(super) forgers: Vec<usize>,
+    pub(super) forge_scale: Option<f32>,
+    /// (tick, group, hash) of each forged sum published.
+    pub(super) forged: Vec<(u64, u32, Hash32)>,
     /// Payloads and sums delivered to each node.
     pub(super) received: Vec<u64>,
 }
@@ -72,7 +77,9 @@ impl Harness {
             published_at: BTreeMap::new(),
             aggregates: BTreeMap::new(),
             aggregators: Vec::new(),
-            forger: None,
+            forgers: Vec::new(),
+            forge_scale: None,
+            forged: Vec::new(),
             received: vec![0; speeds.len()],
         };
         for k in 0..speeds.len() {
@@ -156,12 +163,25 @@ impl Harness {
                     self.push(now + lat, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
                 }
                 Output::PublishAggregate { mut announcement, mut body } => {
-                    if self.forger == Some(k) {
+                    if self.forgers.contains(&k) {
                         let mut forged = crate::aggregate::Aggregate::decode(&body, CodecKind::F32, DIM).unwrap();
-                        forged.payload.iter_mut().for_each(|b| *b = 0x3f);
+                        match self.forge_scale {
+                            None => forged.payload.iter_mut().for_each(|b| *b = 0x3f),
+                            Some(scale) => {
+                                let values = crate::codec::Payload::parse(CodecKind::F32, DIM, &forged.payload)
+                                    .unwrap()
+                                    .to_vec()
+                                    .iter()
+                                    .map(|v| v * scale)
+                                    .collect::<Vec<f32>>();
+                                forged.payload.clear();
+                                crate::codec::encode(CodecKind::F32, &values, &mut forged.payload);
+                            }
+                        }
                         body = Arc::new(forged.encode());
                         announcement.body_hash = Hash32::of(&body);
                         announcement.body_len = body.len() as u64;
+                        self.forged.push((announcement.key, announcement.group, announcement.body_hash));
                     }
                     let from = announcement.aggregator;
                     self.aggregators.push(from);
