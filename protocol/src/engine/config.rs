@@ -499,14 +499,13 @@ impl EngineConfig {
         }
         if let Some(a) = self.aggregation {
             a.validate()?;
-            // Sums are built per tick batch, weighted by tick staleness, and
-            // replace the per-update paths that anti-entropy repairs with.
+            // Sums are built per tick batch and weighted by tick staleness.
+            // Anti-entropy stays the repair path: the updates of a sum a
+            // replica missed are given up (too stale by the time a digest
+            // names them, or gone from the holders' stores), and the
+            // replicas then average (BENCHMARKS.md, "A lost sum").
             let tick = matches!(self.schedule, Schedule::Tick { overlap: false, .. });
-            if !tick
-                || !self.canonical_batches
-                || self.staleness.measure != StalenessMeasure::Tick
-                || self.anti_entropy.every_rounds != 0
-            {
+            if !tick || !self.canonical_batches || self.staleness.measure != StalenessMeasure::Tick {
                 return Err(ConfigError::AggregationNeedsTicks);
             }
         }
@@ -559,7 +558,7 @@ pub enum ConfigError {
     #[error(transparent)]
     Aggregation(#[from] AggregationConfigError),
     /// Aggregation with a schedule it cannot sum.
-    #[error("aggregation needs tick mode without overlap, canonical batches, tick staleness and anti-entropy off")]
+    #[error("aggregation needs tick mode without overlap, canonical batches and tick staleness")]
     AggregationNeedsTicks,
 }
 
