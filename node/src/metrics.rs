@@ -92,6 +92,8 @@ pub struct NodeMetrics {
     pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
+    /// Quorum sums published and received (aggregated dissemination).
+    pub sums: Family<OutcomeLabel, Counter>,
     /// Dials that failed (a peer gone, or unreachable).
     pub dial_failures: Counter,
     /// Estimated relative distance to peers' replicas.
@@ -136,6 +138,7 @@ impl NodeMetrics {
             anchors_averaged: Counter::default(),
             state_refused: Family::default(),
             late_updates: Counter::default(),
+            sums: Family::default(),
             dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
             inner_lr_scale: Gauge::default(),
@@ -177,6 +180,7 @@ impl NodeMetrics {
             m.late_updates.clone(),
         );
         r.register("dial_failures", "Dials that failed", m.dial_failures.clone());
+        r.register("sums", "Quorum sums published and received (aggregated dissemination)", m.sums.clone());
         r.register(
             "consensus_distance",
             "Estimated relative distance to a peer's replica",

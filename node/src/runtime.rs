@@ -2,6 +2,7 @@
 //! outputs to the network, the trainer and the ledger, and feeds it what
 //! arrives. No algorithm logic lives here.
 
+mod aggregates;
 mod error;
 mod fetch;
 mod inbound;
@@ -104,10 +105,32 @@ pub struct NodeOptions {
 /// `Ok(None)`: the peer no longer holds it).
 #[derive(Debug)]
 pub(crate) enum Internal {
-    Payload { id: UpdateId, from: NodeId, result: Result<Vec<u8>, fetch::FetchError> },
-    Announcement { id: UpdateId, from: NodeId, result: Result<Option<Signed<UpdateAnnouncement>>, fetch::FetchError> },
-    Digest { from: NodeId, result: Result<ragtag_protocol::wire::ReplicaDigest, fetch::FetchError> },
-    Anchor { from: NodeId, result: Result<Box<ragtag_protocol::engine::ReplicaState>, fetch::FetchError> },
+    Payload {
+        id: UpdateId,
+        from: NodeId,
+        result: Result<Vec<u8>, fetch::FetchError>,
+    },
+    Announcement {
+        id: UpdateId,
+        from: NodeId,
+        result: Result<Option<Signed<UpdateAnnouncement>>, fetch::FetchError>,
+    },
+    Digest {
+        from: NodeId,
+        result: Result<ragtag_protocol::wire::ReplicaDigest, fetch::FetchError>,
+    },
+    Anchor {
+        from: NodeId,
+        result: Result<Box<ragtag_protocol::engine::ReplicaState>, fetch::FetchError>,
+    },
+    /// A sum pulled from `from`: one the engine asked for, or one offered.
+    Sum {
+        key: u64,
+        group: u32,
+        from: NodeId,
+        asked: bool,
+        result: Result<Vec<u8>, fetch::FetchError>,
+    },
 }
 
 pub use crate::wall_clock::now;
@@ -144,6 +167,15 @@ pub(crate) struct Node {
     internal_tx: mpsc::Sender<Internal>,
     store: PayloadStore,
     announced: BTreeMap<UpdateId, (UpdateAnnouncement, Signed<UpdateAnnouncement>)>,
+    /// Sums we can serve (aggregated dissemination).
+    sums: aggregates::SumStore,
+    /// Offered sums being pulled.
+    offers_in_flight: usize,
+    /// Sums published and received.
+    sum_counts: crate::status::SumStatus,
+    /// Requests for a new replica state held until the last tick's sums
+    /// are closed (aggregated dissemination), oldest first.
+    deferred_states: VecDeque<(u64, PeerId, ragtag_protocol::wire::Message)>,
     metrics: NodeMetrics,
     status: Arc<RwLock<Status>>,
     logged: BTreeSet<(PeerId, RejectReason)>,
@@ -181,9 +213,6 @@ pub(crate) struct Node {
 /// Runs a node until a stop condition or a signal.
 pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
     let manifest = opts.manifest.clone();
-    if manifest.engine.aggregation.is_some() {
-        return Err(RuntimeError::AggregationUnsupported);
-    }
     let run_id = manifest.run_id();
     let me = opts.key.node_id();
 
@@ -317,6 +346,10 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         internal_tx,
         store: PayloadStore::new(4096, 512 << 20, store_rounds),
         announced: BTreeMap::new(),
+        sums: aggregates::SumStore::default(),
+        offers_in_flight: 0,
+        sum_counts: Default::default(),
+        deferred_states: VecDeque::new(),
         metrics,
         status,
         logged: BTreeSet::new(),
@@ -375,6 +408,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
             _ = sighup.recv() => break "hung up (SIGHUP)".to_string(),
         }
         node.drain().await;
+        node.answer_deferred_states().await;
         if let Some(reason) = node.stop_reason() {
             break reason;
         }
@@ -673,6 +707,7 @@ impl Node {
             bytes_in_per_s,
             bytes_in_by_connection: self.bytes_in_by_connection.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             hole_punch: self.hole_punch.clone(),
+            sums: self.opts.manifest.engine.aggregation.map(|_| self.sum_counts.clone()),
         };
         crate::live_line::update(&s);
         *self.status.write().expect("status lock") = s;

@@ -109,6 +109,19 @@ pub struct Status {
     /// barrier, exchange, tick_rest, short_tick).
     #[serde(default)]
     pub idle_s: BTreeMap<String, f64>,
+    /// Quorum sums this node published and received (aggregated
+    /// dissemination; absent when the run does not aggregate).
+    #[serde(default)]
+    pub sums: Option<SumStatus>,
+}
+
+/// Aggregated dissemination's sums, as this node saw them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SumStatus {
+    /// Sums of our group's updates we signed and published as an aggregator.
+    pub published: u64,
+    /// Sum bodies pulled from peers (offered down the tree or fetched from a signer).
+    pub received: u64,
 }
 
 /// What became of our attempts to replace relayed connections by direct ones.
@@ -207,7 +220,9 @@ impl Status {
             rejected,
             self.ledger_records,
             self.listen_addrs.join(" "),
-        )
+        ) + &self.sums.as_ref().map_or_else(String::new, |s| {
+            format!("\nsums     {} published, {} received (aggregated dissemination)", s.published, s.received)
+        })
     }
 }
 

@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    aggregate::AggregateAnnouncement,
     codec::CodecKind,
     identity::{Signable, Signed},
     ids::{Hash32, NodeId, RunId, UpdateId},
@@ -148,6 +149,41 @@ pub struct Chunk {
     pub bytes: Vec<u8>,
 }
 
+/// A request for part of a quorum's sum (aggregated dissemination), by
+/// the hash its signers announced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateRequest {
+    /// The run.
+    pub run_id: RunId,
+    /// The sum's tick.
+    pub key: u64,
+    /// The sum's group.
+    pub group: u32,
+    /// blake3 of the encoded sum.
+    pub hash: Hash32,
+    /// First byte wanted.
+    pub offset: u64,
+    /// Most bytes wanted (at most [`MAX_CHUNK_BYTES`]).
+    pub max_len: u32,
+}
+
+/// "I hold this sum: fetch it from me." A node passes a sum down its
+/// group's tree with this small push; the child pulls the body in chunks,
+/// so a sum of any size travels the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateOffer {
+    /// The run.
+    pub run_id: RunId,
+    /// The sum's tick.
+    pub key: u64,
+    /// The sum's group.
+    pub group: u32,
+    /// blake3 of the encoded sum.
+    pub hash: Hash32,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
 /// A joiner's request for the replica state (anchor, outer state, versions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateRequest {
@@ -230,6 +266,17 @@ pub enum Message {
     /// The receipts of one applied batch (gossip): one message per batch
     /// instead of one per update, at most [`MAX_RECEIPTS_PER_MESSAGE`].
     Receipts(Vec<SignedRecord>),
+    /// An aggregator's signed hash of its group's sum (gossip).
+    AggregateAnnounce(Signed<AggregateAnnouncement>),
+    /// Request part of a sum.
+    AggregateRequest(AggregateRequest),
+    /// Part of a sum (response).
+    AggregateChunk(Chunk),
+    /// A sum passed down the group's tree (request, answered [`Message::Ack`]).
+    AggregateOffer(AggregateOffer),
+    /// A push was taken (response to an offer or to an update sent to
+    /// its group's aggregators).
+    Ack,
 }
 
 /// Receipts in one [`Message::Receipts`]: this many receipts of the
@@ -277,11 +324,21 @@ pub enum MessageKind {
     Update = 15,
     /// See [`Message::Receipts`].
     Receipts = 16,
+    /// See [`Message::AggregateAnnounce`].
+    AggregateAnnounce = 17,
+    /// See [`Message::AggregateRequest`].
+    AggregateRequest = 18,
+    /// See [`Message::AggregateChunk`].
+    AggregateChunk = 19,
+    /// See [`Message::AggregateOffer`].
+    AggregateOffer = 20,
+    /// See [`Message::Ack`].
+    Ack = 21,
 }
 
 impl MessageKind {
     /// All kinds.
-    pub const ALL: [MessageKind; 17] = [
+    pub const ALL: [MessageKind; 22] = [
         MessageKind::Announce,
         MessageKind::Receipt,
         MessageKind::Heartbeat,
@@ -299,6 +356,11 @@ impl MessageKind {
         MessageKind::ProbeReply,
         MessageKind::Update,
         MessageKind::Receipts,
+        MessageKind::AggregateAnnounce,
+        MessageKind::AggregateRequest,
+        MessageKind::AggregateChunk,
+        MessageKind::AggregateOffer,
+        MessageKind::Ack,
     ];
 
     fn from_byte(b: u8) -> Option<Self> {
@@ -324,7 +386,10 @@ impl MessageKind {
             MessageKind::Have => 256,
             MessageKind::PayloadRequest | MessageKind::AnnouncementRequest => 256,
             MessageKind::StateRequest | MessageKind::ManifestRequest => 256,
-            MessageKind::PayloadChunk | MessageKind::StateChunk => MAX_CHUNK_BYTES + 256,
+            MessageKind::PayloadChunk | MessageKind::StateChunk | MessageKind::AggregateChunk => MAX_CHUNK_BYTES + 256,
+            MessageKind::AggregateAnnounce => 1024,
+            MessageKind::AggregateRequest | MessageKind::AggregateOffer => 256,
+            MessageKind::Ack => 16,
             MessageKind::Digest => 512 * 1024,
             MessageKind::Manifest => MAX_MANIFEST_BYTES + 16,
             MessageKind::Error => 16,
@@ -354,6 +419,11 @@ impl MessageKind {
             MessageKind::ProbeReply => "probe_reply",
             MessageKind::Update => "update",
             MessageKind::Receipts => "receipts",
+            MessageKind::AggregateAnnounce => "aggregate_announce",
+            MessageKind::AggregateRequest => "aggregate_request",
+            MessageKind::AggregateChunk => "aggregate_chunk",
+            MessageKind::AggregateOffer => "aggregate_offer",
+            MessageKind::Ack => "ack",
         }
     }
 }
@@ -384,6 +454,11 @@ impl Message {
             Message::ProbeReply(_) => MessageKind::ProbeReply,
             Message::Update { .. } => MessageKind::Update,
             Message::Receipts(_) => MessageKind::Receipts,
+            Message::AggregateAnnounce(_) => MessageKind::AggregateAnnounce,
+            Message::AggregateRequest(_) => MessageKind::AggregateRequest,
+            Message::AggregateChunk(_) => MessageKind::AggregateChunk,
+            Message::AggregateOffer(_) => MessageKind::AggregateOffer,
+            Message::Ack => MessageKind::Ack,
         }
     }
 
@@ -475,6 +550,19 @@ mod tests {
         }
     }
 
+    /// An aggregate announcement with every field at its largest.
+    fn sample_aggregate_announcement(k: &Keypair) -> AggregateAnnouncement {
+        AggregateAnnouncement {
+            run_id: RunId(Hash32([0xff; 32])),
+            key: u64::MAX,
+            group: u32::MAX,
+            aggregator: k.node_id(),
+            members: u32::MAX,
+            body_len: u64::MAX,
+            body_hash: Hash32([0xff; 32]),
+        }
+    }
+
     pub(crate) fn every_kind_of_message() -> Vec<Message> {
         let k = Keypair::deterministic(5, 0);
         let run_id = RunId(Hash32([7; 32]));
@@ -520,6 +608,18 @@ mod tests {
             Message::ProbeReply(vec![0; 1000]),
             Message::Update { announcement: Signed::sign(&sample_announcement(&k), &k), payload: vec![1; 100] },
             Message::Receipts(vec![receipt.clone(), receipt]),
+            Message::AggregateAnnounce(Signed::sign(&sample_aggregate_announcement(&k), &k)),
+            Message::AggregateRequest(AggregateRequest {
+                run_id,
+                key: 9,
+                group: 2,
+                hash: Hash32([5; 32]),
+                offset: 0,
+                max_len: 1 << 20,
+            }),
+            Message::AggregateChunk(Chunk { total_len: 3, offset: 0, hash: Hash32([5; 32]), bytes: vec![4, 4, 4] }),
+            Message::AggregateOffer(AggregateOffer { run_id, key: 9, group: 2, hash: Hash32([5; 32]), len: 3 }),
+            Message::Ack,
         ]
     }
 
@@ -590,7 +690,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_on_valid_prefix(kind in 0u8..16, tail in proptest::collection::vec(any::<u8>(), 0..512)) {
+        fn decode_never_panics_on_valid_prefix(kind in 0u8..MessageKind::ALL.len() as u8 + 1, tail in proptest::collection::vec(any::<u8>(), 0..512)) {
             let mut bytes = vec![WIRE_VERSION, kind];
             bytes.extend(tail);
             if let Ok(m) = Message::decode(&bytes) {
@@ -600,13 +700,15 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_messages_never_panic(index in 0usize..16, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        fn mutated_valid_messages_never_panic(index in 0usize..MessageKind::ALL.len(), pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
             let msgs = every_kind_of_message();
             let mut bytes = msgs[index].encode();
             let i = pos.index(bytes.len());
             bytes[i] = byte;
-            if let Ok(Message::Announce(s)) = Message::decode(&bytes) {
-                let _ = s.open();
+            match Message::decode(&bytes) {
+                Ok(Message::Announce(s)) => { let _ = s.open(); }
+                Ok(Message::AggregateAnnounce(s)) => { let _ = s.open(); }
+                _ => {}
             }
         }
     }

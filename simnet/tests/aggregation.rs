@@ -25,7 +25,7 @@ fn summary(aggregation: Option<AggregationConfig>) -> RunSummary {
 #[test]
 fn aggregated_runs_keep_replicas_identical_with_fewer_bytes_per_node_round() {
     let full = summary(None);
-    let agg = summary(Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 2 }));
+    let agg = summary(Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 2, min_tick_ms: 0 }));
     assert!(full.updates_total > 100 && agg.updates_total > 100, "{} {}", full.updates_total, agg.updates_total);
     // Without anti-entropy (off in both, for equal bytes), full
     // dissemination's replicas drift where an update misses its tick on
@@ -85,7 +85,7 @@ fn aggregated_replicas_stay_identical_through_crashes_leaves_and_joins() {
     s.sample_every_s = 10.0;
     s.engine.h = Some(100);
     s.engine.anti_entropy_every = Some(0);
-    s.engine.aggregation = Some(AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8 });
+    s.engine.aggregation = Some(AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: 0 });
     let opts = RunOptions { strategy: Strategy::Gopals, seed: 0, progress: false, ddp_lr: None };
     let out = run(&s, &opts).unwrap();
     let sum = RunSummary::new(&s, &out);
@@ -112,7 +112,8 @@ fn anti_entropy_repairs_replicas_that_missed_sums() {
         s.network.loss = 0.01;
         s.engine.h = Some(100);
         s.engine.anti_entropy_every = Some(anti_entropy_every);
-        s.engine.aggregation = Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 8 });
+        s.engine.aggregation =
+            Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: 0 });
         let opts = RunOptions { strategy: Strategy::Gopals, seed: 0, progress: false, ddp_lr: None };
         RunSummary::new(&s, &run(&s, &opts).unwrap())
     };

@@ -24,7 +24,12 @@ async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Resul
     }
     let kind = MessageKind::of_encoded(&head[..got]);
     let limit = kind.map_or(max_message_len(), MessageKind::max_len) as u64;
-    let bulk = matches!(kind, Some(MessageKind::PayloadChunk | MessageKind::StateChunk | MessageKind::ProbeReply));
+    let bulk = matches!(
+        kind,
+        Some(
+            MessageKind::PayloadChunk | MessageKind::StateChunk | MessageKind::AggregateChunk | MessageKind::ProbeReply
+        )
+    );
     let mut buf = Vec::with_capacity(if bulk { limit as usize + 64 } else { 256 });
     buf.extend_from_slice(&head[..got]);
     io.take(limit + 1 - got as u64).read_to_end(&mut buf).await?;

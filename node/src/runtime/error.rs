@@ -53,8 +53,4 @@ pub enum RuntimeError {
     /// A signal handler could not be installed.
     #[error(transparent)]
     Signal(std::io::Error),
-    /// The manifest asks for aggregated dissemination, which so far only
-    /// the simulator drives.
-    #[error("this run aggregates updates (engine.aggregation), which the node does not support yet")]
-    AggregationUnsupported,
 }

@@ -12,8 +12,8 @@ use ragtag_protocol::{
     identity::Signed,
     ids::{Hash32, RunId, UpdateId},
     wire::{
-        Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, MessageKind, PayloadRequest, ReplicaDigest, StateRequest,
-        UpdateAnnouncement,
+        AggregateRequest, Chunk, ErrorReply, MAX_CHUNK_BYTES, Message, MessageKind, PayloadRequest, ReplicaDigest,
+        StateRequest, UpdateAnnouncement,
     },
 };
 
@@ -50,8 +50,8 @@ pub enum FetchError {
     /// The peer did not answer in time.
     #[error("no answer in time")]
     TimedOut,
-    /// A chunk of a shared state that is not the one asked for.
-    #[error("a state chunk that is not the one asked for")]
+    /// A chunk of a shared state or a sum that is not the one asked for.
+    #[error("a chunk that is not the one asked for")]
     BadChunk,
 }
 
@@ -134,6 +134,35 @@ pub async fn payload_pipelined(
             }
         }
     }
+}
+
+/// A quorum's sum of `len` bytes (as its signers announced, or as the
+/// offering parent said) from `peer`, in chunks; a body whose chunks name
+/// another hash is refused before it is put together.
+pub(crate) async fn aggregate(
+    net: &Client,
+    peer: PeerId,
+    run_id: RunId,
+    (key, group): (u64, u32),
+    hash: Hash32,
+    len: u64,
+) -> Result<Vec<u8>, FetchError> {
+    let request = |offset, _| {
+        Message::AggregateRequest(AggregateRequest {
+            run_id,
+            key,
+            group,
+            hash,
+            offset,
+            max_len: MAX_CHUNK_BYTES as u32,
+        })
+    };
+    let extract = |m| match m {
+        Message::AggregateChunk(c) if c.hash == hash && c.total_len == len => Ok(c),
+        Message::AggregateChunk(_) => Err(FetchError::BadChunk),
+        other => Err(unexpected(&other)),
+    };
+    Ok(fetch_chunked(net, peer, len, request, extract).await?.0)
 }
 
 /// A peer's replica state, head and shared part both from it (the caller

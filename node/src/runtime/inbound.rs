@@ -4,9 +4,14 @@
 
 use std::sync::Arc;
 
-use libp2p::{PeerId, gossipsub::MessageAcceptance};
+use libp2p::{
+    PeerId,
+    gossipsub::MessageAcceptance::{self, Accept},
+};
 use ragtag_protocol::{
+    Signed,
     engine::Input,
+    ids::Hash32,
     ledger::{LedgerStore, RecordKind},
     validate::RejectReason,
     wire::{ErrorReply, MAX_RECEIPTS_PER_MESSAGE, Message, MessageKind, UpdateAnnouncement},
@@ -23,9 +28,11 @@ impl Node {
                 self.net.report(message_id, propagation_source, acceptance).await;
             }
             net::Event::Request { peer, id, message } => {
-                let reply = self.on_request(peer, message);
-                self.bytes_out += reply.encode().len() as u64;
-                let _ = self.net.respond(id, reply).await;
+                if self.defers(&message) {
+                    self.deferred_states.push_back((id, peer, message));
+                    return;
+                }
+                self.answer(id, peer, message).await;
             }
             net::Event::Listening(a) => self.listen.push(a),
             net::Event::Connected(p) => {
@@ -116,49 +123,11 @@ impl Node {
             .get_or_create(&crate::metrics::KindLabel { kind: msg.kind().name().into() })
             .inc_by(data.len() as u64);
         match msg {
-            Message::Announce(signed) => match self.validator.check_announcement(&signed) {
-                Ok(a) if self.engine.has_applied(&a.id) => {
-                    self.reject(Some(from), RejectReason::Replay, "an announcement");
-                    acceptance(RejectReason::Replay)
-                }
-                Ok(a) => {
-                    let src = a.id.src;
-                    self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from: src });
-                    self.remember(a, signed);
-                    MessageAcceptance::Accept
-                }
-                Err(r) => {
-                    self.reject(Some(from), r, "an announcement");
-                    acceptance(r)
-                }
-            },
+            Message::Announce(signed) => self.take_announcement(from, signed).map_or_else(acceptance, |()| Accept),
             Message::Update { announcement, payload } => {
-                let a = match self.validator.check_announcement(&announcement) {
-                    Ok(a) => a,
-                    Err(r) => {
-                        self.reject(Some(from), r, "an update");
-                        return acceptance(r);
-                    }
-                };
-                match self.validator.check_payload(&a, &payload) {
-                    Ok(norm) => {
-                        if self.engine.has_applied(&a.id) {
-                            self.reject(Some(from), RejectReason::Replay, "an update");
-                            return acceptance(RejectReason::Replay);
-                        }
-                        self.validator.record_accepted_norm(norm);
-                        let payload = Arc::new(payload);
-                        self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone() });
-                        let src = a.id.src;
-                        self.engine.handle(now(), Input::Update { announcement: a, from: src, payload });
-                        MessageAcceptance::Accept
-                    }
-                    Err(r) => {
-                        self.reject(Some(from), r, "an update");
-                        acceptance(r)
-                    }
-                }
+                self.take_update(from, announcement, payload).map_or_else(acceptance, |()| Accept)
             }
+            Message::AggregateAnnounce(signed) => self.on_sum_announcement(from, signed),
             Message::Heartbeat(signed) => match signed.open() {
                 Ok(hb) if hb.run_id != self.engine.run_id() => {
                     self.reject(Some(from), RejectReason::WrongRun, "a heartbeat");
@@ -199,6 +168,50 @@ impl Node {
                 MessageAcceptance::Reject
             }
         }
+    }
+
+    /// An announcement (gossiped, or sent to us as one of its group's
+    /// aggregators): validated, then to the engine, which fetches its payload.
+    fn take_announcement(&mut self, from: PeerId, signed: Signed<UpdateAnnouncement>) -> Result<(), RejectReason> {
+        let reason = match self.validator.check_announcement(&signed) {
+            Ok(a) if self.engine.has_applied(&a.id) => RejectReason::Replay,
+            Ok(a) => {
+                let src = a.id.src;
+                self.engine.handle(now(), Input::Announcement { announcement: a.clone(), from: src });
+                self.remember(a, signed);
+                return Ok(());
+            }
+            Err(r) => r,
+        };
+        self.reject(Some(from), reason, "an announcement");
+        Err(reason)
+    }
+
+    /// An update with its payload inline (gossiped, or sent to us as one of
+    /// its group's aggregators): validated, stored, then to the engine.
+    fn take_update(
+        &mut self,
+        from: PeerId,
+        announcement: Signed<UpdateAnnouncement>,
+        payload: Vec<u8>,
+    ) -> Result<(), RejectReason> {
+        let checked = self.validator.check_announcement(&announcement).and_then(|a| {
+            let norm = self.validator.check_payload(&a, &payload)?;
+            if self.engine.has_applied(&a.id) { Err(RejectReason::Replay) } else { Ok((a, norm)) }
+        });
+        let (a, norm) = match checked {
+            Ok(ok) => ok,
+            Err(r) => {
+                self.reject(Some(from), r, "an update");
+                return Err(r);
+            }
+        };
+        self.validator.record_accepted_norm(norm);
+        let payload = Arc::new(payload);
+        self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone() });
+        let src = a.id.src;
+        self.engine.handle(now(), Input::Update { announcement: a, from: src, payload });
+        Ok(())
     }
 
     /// Receipts: all verified before any is kept (one bad signature or
@@ -254,6 +267,32 @@ impl Node {
         self.announced.insert(a.id, (a, signed));
     }
 
+    async fn answer(&mut self, id: u64, peer: PeerId, message: Message) {
+        let reply = self.on_request(peer, message);
+        self.bytes_out += reply.encode().len() as u64;
+        let _ = self.net.respond(id, reply).await;
+    }
+
+    /// A request for a new replica state waits while the last tick's sums
+    /// are still being announced (see `Engine::state_ready_at`): a joiner
+    /// given that state would miss them. At most [`MAX_DEFERRED_STATES`]
+    /// wait; more are answered at once.
+    fn defers(&self, m: &Message) -> bool {
+        matches!(m, Message::StateRequest(r) if r.snapshot == Hash32::default())
+            && self.deferred_states.len() < MAX_DEFERRED_STATES
+            && self.engine.state_ready_at(now()).is_some()
+    }
+
+    /// Answers the held state requests once the state is fit to give.
+    pub(crate) async fn answer_deferred_states(&mut self) {
+        if self.deferred_states.is_empty() || self.engine.state_ready_at(now()).is_some() {
+            return;
+        }
+        while let Some((id, peer, message)) = self.deferred_states.pop_front() {
+            self.answer(id, peer, message).await;
+        }
+    }
+
     /// Serves a request.
     fn on_request(&mut self, peer: PeerId, msg: Message) -> Message {
         let run = self.engine.run_id();
@@ -291,6 +330,15 @@ impl Node {
             }
             Message::Digest(_) => Message::Error(ErrorReply::WrongRun),
             Message::Probe(n) => Message::ProbeReply(vec![0; (n as usize).min(ragtag_protocol::wire::MAX_CHUNK_BYTES)]),
+            Message::AggregateRequest(r) => self.serve_sum(&r),
+            Message::AggregateOffer(o) => self.on_sum_offer(peer, o),
+            // An update sent to us as one of its group's aggregators.
+            Message::Announce(signed) => {
+                self.take_announcement(peer, signed).map_or(Message::Error(ErrorReply::BadRequest), |()| Message::Ack)
+            }
+            Message::Update { announcement, payload } => self
+                .take_update(peer, announcement, payload)
+                .map_or(Message::Error(ErrorReply::BadRequest), |()| Message::Ack),
             other => {
                 let kind = other.kind();
                 if kind != MessageKind::Error {
@@ -355,6 +403,7 @@ impl Node {
             },
             // The engine checks the state (`ReplicaState::verify`) and
             // refuses a bad one with its reason, which `outputs` counts and logs.
+            Internal::Sum { key, group, from, asked, result } => self.on_sum_fetched((key, group), from, asked, result),
             Internal::Anchor { from, result } => match result {
                 Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state }),
                 Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
@@ -362,6 +411,9 @@ impl Node {
         }
     }
 }
+
+/// State requests held at once at most (see `Node::defers`).
+const MAX_DEFERRED_STATES: usize = 64;
 
 /// How gossipsub should treat a message rejected for `r`: misbehaviour
 /// lowers the sender's score, bad luck (too stale) is only ignored.

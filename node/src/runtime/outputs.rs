@@ -23,7 +23,7 @@ impl Node {
         self.flush_records().await;
     }
 
-    async fn gossip(&mut self, m: &Message) {
+    pub(crate) async fn gossip(&mut self, m: &Message) {
         let bytes = m.encode();
         self.bytes_out += bytes.len() as u64;
         self.metrics
@@ -51,7 +51,12 @@ impl Node {
                 } else {
                     Message::Announce(signed)
                 };
-                self.gossip(&m).await;
+                if p.to.is_empty() {
+                    self.gossip(&m).await;
+                } else {
+                    // Aggregated: to its group's aggregators only.
+                    self.send_to(&p.to, m);
+                }
             }
             Output::FetchPayload { id, from, len, .. } => {
                 let Some(peer) = Self::peer_of(&from) else { return };
@@ -101,10 +106,9 @@ impl Node {
                 };
                 self.record(kind);
             }
-            Output::PublishAggregate { .. } | Output::FetchAggregate { .. } | Output::SendAggregate { .. } => {
-                // `run` refuses manifests that aggregate before the engine exists.
-                tracing::error!("the engine asked for aggregated dissemination, which this node does not drive");
-            }
+            Output::PublishAggregate { announcement, body } => self.publish_sum(announcement, body).await,
+            Output::SendAggregate { key, group, hash, to, body } => self.offer_sum((key, group), hash, &to, body),
+            Output::FetchAggregate { key, group, from, len, hash } => self.fetch_sum((key, group), from, hash, len),
             Output::Event(ev) => self.on_engine_event(ev),
         }
     }

@@ -211,6 +211,12 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
     }
     for attempt in 1..=STATE_ATTEMPTS {
         match vouched_state(&s).await {
+            // Aggregated, a state a tick behind lacks sums whose hashes were
+            // announced before we listened: asked again while attempts last.
+            Ok(Some(state)) if attempt < STATE_ATTEMPTS && !state.current_at(&s.manifest.engine, super::now()) => {
+                tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: the state served is a tick behind");
+                tokio::time::sleep(STATE_RETRY_PAUSE / 4).await;
+            }
             Ok(Some(state)) => {
                 return Ok((Engine::join(s.manifest.engine, me, run_id, t0, state, s.speed, s.seed), Origin::Joined));
             }

@@ -63,7 +63,8 @@ impl Engine {
             Some(ms) => Micros(ms as u64 * 1000),
             None => {
                 let v_ref = self.membership.reference_speed().max(1e-9) as f64;
-                Micros::from_secs_f64(self.cfg.h as f64 / v_ref)
+                let floor = self.cfg.aggregation.map_or(0, |a| u64::from(a.min_tick_ms) * 1000);
+                Micros::from_secs_f64(self.cfg.h as f64 / v_ref).max(Micros(floor))
             }
         }
     }

@@ -245,7 +245,7 @@ mod tests {
 
     fn aggregating() -> (EngineConfig, ReplicaState) {
         let mut cfg = EngineConfig::preset(Strategy::Gopals);
-        cfg.aggregation = Some(AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8 });
+        cfg.aggregation = Some(AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: 0 });
         let e = Engine::new(cfg, NodeId([1; 32]), RunId(Hash32([2; 32])), Micros(0), vec![0.5; 4], 1.0, 7);
         let mut s = e.replica_state();
         s.clock = Some(TickClock::new(Micros(0), Micros::from_secs_f64(1.0)));

@@ -12,7 +12,7 @@ fn aggregated(on: bool) -> EngineConfig {
     let mut cfg = lossless(EngineConfig::preset(Strategy::Gopals));
     cfg.anti_entropy.every_rounds = 0;
     if on {
-        cfg.aggregation = Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 2 });
+        cfg.aggregation = Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 2, min_tick_ms: 0 });
     }
     cfg
 }
@@ -139,4 +139,24 @@ fn sums_forged_by_two_colluding_aggregators_are_refused_by_every_replica() {
     let start: f32 = opt.iter().map(|x| x * x).sum::<f32>().sqrt();
     let (d_forged, d_honest) = (forged.distance_to(0, &opt), honest.distance_to(0, &opt));
     assert!(d_forged < 0.05 * start && d_forged < 2.0 * d_honest.max(1e-3 * start), "{d_forged} against {d_honest}");
+}
+
+/// A tick derived from fast nodes' speeds is too short for a sum's two
+/// hops between real processes: with aggregation it is at least the floor.
+#[test]
+fn aggregated_ticks_are_at_least_the_floor() {
+    let fast = [200.0; 4];
+    let period = |min_tick_ms: Option<u32>| {
+        let mut cfg = aggregated(false);
+        cfg.aggregation =
+            min_tick_ms.map(|m| AggregationConfig { groups: 2, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: m });
+        let mut h = Harness::new(cfg, &fast, 3);
+        h.run_until(Micros::from_secs_f64(20.0));
+        h.engines[0].tick_period().expect("tick mode").as_secs_f64()
+    };
+    let derived = period(None);
+    assert!(derived < 0.5, "H / speed: {derived} s");
+    assert_eq!(period(Some(0)), derived, "no floor: the derived period");
+    assert_eq!(period(Some(1_000)), 1.0);
+    assert_eq!(period(Some(crate::aggregate::DEFAULT_MIN_TICK_MS)), 1.0);
 }
