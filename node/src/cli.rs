@@ -112,6 +112,13 @@ pub enum SwarmCommand {
         /// Fixed tick period in ms (tick mode; default: H / v_ref).
         #[arg(long)]
         tick_ms: Option<u32>,
+        /// Aggregated dissemination in this many groups a tick: an update
+        /// goes to its group's 3 aggregators, and a node receives one sum
+        /// per group (2 signers must agree) instead of every update, so its
+        /// traffic per round stops growing with the swarm. Ticks are then
+        /// at least 1 s. Off by default.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        aggregate: Option<u32>,
         /// Inner learning rate: a number, or `auto` to probe 3e-4, 1e-3,
         /// 3e-3 and 1e-2 on this machine (the same model, data and initial
         /// weights, --probe-steps each) and keep the lowest held-out loss.

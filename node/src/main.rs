@@ -79,6 +79,7 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
                     codec,
                     target_loss,
                     tick_ms,
+                    aggregate,
                     lr,
                     probe_steps,
                     inner_lr,
@@ -94,8 +95,16 @@ async fn dispatch(command: Command) -> Result<ExitCode> {
             })?;
             let inner_lr = inner_lr.map(|s| if s == "constant" { InnerLr::Constant } else { InnerLr::PLATEAU });
             let cooldown = budget.map(|b| Cooldown::for_budget(b, cooldown_fraction)).transpose()?;
-            let overrides =
-                EngineOverrides { h, period_ms: tick_ms, codec, inner_lr, cooldown, ..EngineOverrides::default() };
+            let aggregation = aggregate.map(ragtag_protocol::aggregate::AggregationConfig::with_groups);
+            let overrides = EngineOverrides {
+                h,
+                period_ms: tick_ms,
+                codec,
+                inner_lr,
+                cooldown,
+                aggregation,
+                ..EngineOverrides::default()
+            };
             let start_ms = runtime::now().0 / 1000;
             let mut m = manifest_file::new_run(&manifest_file::NewRun {
                 name,

@@ -203,6 +203,7 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
         ("staleness", o.weight.is_some() || o.measure.is_some() || o.tau_max.is_some()),
         ("codec", o.codec.is_some() || o.error_feedback.is_some()),
         ("anti_entropy", o.anti_entropy_every.is_some()),
+        ("aggregation", o.aggregation.is_some()),
     ]
     .into_iter()
     .filter_map(|(k, set)| set.then_some(k))
@@ -324,7 +325,8 @@ mod tests {
             let mut r = run("teacher");
             r.strategy = strategy;
             let m = new_run(&r).unwrap();
-            for key in ["schedule", "staleness", "codec", "anti_entropy", "h", "outer", "inner_lr", "lr"] {
+            for key in ["schedule", "staleness", "codec", "anti_entropy", "aggregation", "h", "outer", "inner_lr", "lr"]
+            {
                 let text = m.rationale.get(key).unwrap_or_else(|| panic!("{strategy:?}: no reason for {key}"));
                 assert!(key.len() + text.len() <= ragtag_protocol::manifest::MAX_RATIONALE_BYTES, "{key}: {text}");
                 assert!(!text.contains("chosen by"), "{key}: {text}");
@@ -340,6 +342,14 @@ mod tests {
         assert!(schedule.contains("partial step off, overlap off: chosen by the run's creator"), "{schedule}");
         assert!(m.rationale["anti_entropy"].starts_with("off: chosen by the run's creator"));
         assert!(m.rationale["staleness"].contains("the gopals preset"));
+        let mut r = run("teacher");
+        r.overrides.aggregation = Some(ragtag_protocol::aggregate::AggregationConfig::with_groups(8));
+        let m = new_run(&r).unwrap();
+        m.engine.validate().unwrap();
+        let aggregation = &m.rationale["aggregation"];
+        assert!(aggregation.starts_with("8 groups, 3 aggregators, quorum 2"), "{aggregation}");
+        assert!(aggregation.contains("chosen by the run's creator"), "{aggregation}");
+        assert!("aggregation".len() + aggregation.len() <= ragtag_protocol::manifest::MAX_RATIONALE_BYTES);
     }
 
     #[test]

@@ -68,6 +68,18 @@ pub const DEFAULT_MIN_TICK_MS: u32 = 1_000;
 pub const DEFAULT_FANOUT: u32 = 8;
 
 impl AggregationConfig {
+    /// `groups` groups with the defaults for the rest: 3 aggregators, a
+    /// quorum of 2, the default fan-out and tick floor.
+    pub fn with_groups(groups: u32) -> Self {
+        AggregationConfig {
+            groups,
+            aggregators: 3,
+            quorum: 2,
+            fanout: DEFAULT_FANOUT,
+            min_tick_ms: DEFAULT_MIN_TICK_MS,
+        }
+    }
+
     /// Checks the numbers: a quorum of at least two (one signer alone could
     /// change what others apply) out of the aggregators.
     pub fn validate(&self) -> Result<(), AggregationConfigError> {
