@@ -128,6 +128,7 @@ pub(crate) enum Internal {
         key: u64,
         group: u32,
         from: NodeId,
+        hash: Hash32,
         asked: bool,
         result: Result<Vec<u8>, fetch::FetchError>,
     },
@@ -169,13 +170,13 @@ pub(crate) struct Node {
     announced: BTreeMap<UpdateId, (UpdateAnnouncement, Signed<UpdateAnnouncement>)>,
     /// Sums we can serve (aggregated dissemination).
     sums: aggregates::SumStore,
-    /// Offered sums being pulled.
-    offers_in_flight: usize,
+    /// Offered sums being pulled, by hash.
+    offers_pulling: BTreeSet<Hash32>,
     /// Sums published and received.
     sum_counts: crate::status::SumStatus,
     /// Requests for a new replica state held until the last tick's sums
     /// are closed (aggregated dissemination), oldest first.
-    deferred_states: VecDeque<(u64, PeerId, ragtag_protocol::wire::Message)>,
+    deferred_states: VecDeque<(Instant, u64, PeerId, ragtag_protocol::wire::Message)>,
     metrics: NodeMetrics,
     status: Arc<RwLock<Status>>,
     logged: BTreeSet<(PeerId, RejectReason)>,
@@ -347,7 +348,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         store: PayloadStore::new(4096, 512 << 20, store_rounds),
         announced: BTreeMap::new(),
         sums: aggregates::SumStore::default(),
-        offers_in_flight: 0,
+        offers_pulling: BTreeSet::new(),
         sum_counts: Default::default(),
         deferred_states: VecDeque::new(),
         metrics,

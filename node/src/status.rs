@@ -120,7 +120,8 @@ pub struct Status {
 pub struct SumStatus {
     /// Sums of our group's updates we signed and published as an aggregator.
     pub published: u64,
-    /// Sum bodies pulled from peers (offered down the tree or fetched from a signer).
+    /// Sum bodies pulled from peers (offered down the tree or fetched from
+    /// a signer), before the engine's checks.
     pub received: u64,
 }
 

@@ -7,6 +7,7 @@
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::Arc,
+    time::Duration,
 };
 
 use libp2p::{PeerId, gossipsub::MessageAcceptance};
@@ -25,9 +26,12 @@ use super::{Internal, Node, fetch, now};
 const MAX_HELD_SUMS: usize = 256;
 /// ... and by bytes.
 const MAX_HELD_BYTES: usize = 256 << 20;
-/// Offered sums fetched at once at most: more offers are declined (the
+/// Offered sums pulled at once at most: more offers are declined (the
 /// engine then asks a signer for what it still lacks).
 pub(crate) const MAX_OFFERS_IN_FLIGHT: usize = 32;
+/// Longest pull of one sum, all its chunks: a holder that trickles bytes
+/// must not hold a pull (and its slot) for ever.
+const SUM_PULL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The sums this node can serve: its own and those the engine passed on
 /// (it passes on only bodies whose hash a designated aggregator signed),
@@ -109,8 +113,9 @@ impl Node {
     fn spawn_sum_fetch(&mut self, k: (u64, u32), from: NodeId, peer: PeerId, hash: Hash32, len: u64, asked: bool) {
         let (net, tx, run) = (self.net.clone(), self.internal_tx.clone(), self.engine.run_id());
         tokio::spawn(async move {
-            let result = fetch::aggregate(&net, peer, run, k, hash, len).await;
-            let _ = tx.send(Internal::Sum { key: k.0, group: k.1, from, asked, result }).await;
+            let pull = fetch::aggregate(&net, peer, run, k, hash, len);
+            let result = tokio::time::timeout(SUM_PULL_TIMEOUT, pull).await.unwrap_or(Err(fetch::FetchError::TimedOut));
+            let _ = tx.send(Internal::Sum { key: k.0, group: k.1, from, hash, asked, result }).await;
         });
     }
 
@@ -119,12 +124,12 @@ impl Node {
     pub(crate) fn on_sum_fetched(
         &mut self,
         (key, group): (u64, u32),
-        from: NodeId,
+        (from, hash): (NodeId, Hash32),
         asked: bool,
         result: Result<Vec<u8>, fetch::FetchError>,
     ) {
         if !asked {
-            self.offers_in_flight = self.offers_in_flight.saturating_sub(1);
+            self.offers_pulling.remove(&hash);
         }
         match result {
             Ok(bytes) => {
@@ -192,8 +197,10 @@ impl Node {
         }
     }
 
-    /// A parent offers a sum: pulled from it unless held, over the size a
-    /// sum of this model can have, or too many pulls are in flight.
+    /// Our parent in a group's tree offers its sum: pulled from it unless
+    /// held or being pulled. Refused from any other node (the engine asks
+    /// a signer for what no parent brought), over the size a sum of this
+    /// model can have, or beyond [`MAX_OFFERS_IN_FLIGHT`] pulls at once.
     pub(crate) fn on_sum_offer(&mut self, peer: PeerId, o: AggregateOffer) -> Message {
         if o.run_id != self.engine.run_id() {
             self.reject(Some(peer), RejectReason::WrongRun, "a sum offer");
@@ -204,11 +211,15 @@ impl Node {
             self.reject(Some(peer), RejectReason::TooLarge, "a sum offer");
             return Message::Error(ErrorReply::BadRequest);
         }
-        let Some(from) = Self::node_of(&peer) else { return Message::Error(ErrorReply::BadRequest) };
-        if self.sums.get(&o.hash).is_some() {
+        let from = Self::node_of(&peer);
+        let Some(from) = from.filter(|f| self.engine.sum_parent(o.key, o.group) == Some(*f)) else {
+            self.reject(Some(peer), RejectReason::AggregateMismatch, "a sum offer from a node not our parent");
+            return Message::Error(ErrorReply::BadRequest);
+        };
+        if self.sums.get(&o.hash).is_some() || self.offers_pulling.contains(&o.hash) {
             return Message::Ack;
         }
-        if self.offers_in_flight >= MAX_OFFERS_IN_FLIGHT {
+        if self.offers_pulling.len() >= MAX_OFFERS_IN_FLIGHT {
             tracing::debug!(
                 "declined {peer}'s sum of tick {} group {}: {MAX_OFFERS_IN_FLIGHT} pulls in flight",
                 o.key,
@@ -216,7 +227,7 @@ impl Node {
             );
             return Message::Error(ErrorReply::BadRequest);
         }
-        self.offers_in_flight += 1;
+        self.offers_pulling.insert(o.hash);
         self.spawn_sum_fetch((o.key, o.group), from, peer, o.hash, o.len, false);
         Message::Ack
     }

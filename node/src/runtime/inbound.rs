@@ -28,8 +28,8 @@ impl Node {
                 self.net.report(message_id, propagation_source, acceptance).await;
             }
             net::Event::Request { peer, id, message } => {
-                if self.defers(&message) {
-                    self.deferred_states.push_back((id, peer, message));
+                if self.defers(peer, &message) {
+                    self.deferred_states.push_back((std::time::Instant::now(), id, peer, message));
                     return;
                 }
                 self.answer(id, peer, message).await;
@@ -206,6 +206,11 @@ impl Node {
                 return Err(r);
             }
         };
+        if self.store.get(&a.id).is_some() {
+            // A second copy (pushed again by request, where gossip's
+            // message ids do not dedupe): its norm must not count twice.
+            return Ok(());
+        }
         self.validator.record_accepted_norm(norm);
         let payload = Arc::new(payload);
         self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone() });
@@ -273,22 +278,29 @@ impl Node {
         let _ = self.net.respond(id, reply).await;
     }
 
-    /// A request for a new replica state waits while the last tick's sums
-    /// are still being announced (see `Engine::state_ready_at`): a joiner
-    /// given that state would miss them. At most [`MAX_DEFERRED_STATES`]
-    /// wait; more are answered at once.
-    fn defers(&self, m: &Message) -> bool {
-        matches!(m, Message::StateRequest(r) if r.snapshot == Hash32::default())
+    /// A request of an allowed peer for a new replica state of our run
+    /// waits while the last tick's sums are still being announced (see
+    /// `Engine::state_ready_at`): a joiner given that state would miss
+    /// them. At most [`MAX_DEFERRED_STATES`] wait, each at most
+    /// [`MAX_STATE_DEFER`]; more are answered at once.
+    fn defers(&self, peer: PeerId, m: &Message) -> bool {
+        let allowed = Self::node_of(&peer).is_some_and(|n| self.validator.is_allowed(&n));
+        matches!(m, Message::StateRequest(r) if r.snapshot == Hash32::default() && r.run_id == self.engine.run_id())
+            && allowed
             && self.deferred_states.len() < MAX_DEFERRED_STATES
             && self.engine.state_ready_at(now()).is_some()
     }
 
-    /// Answers the held state requests once the state is fit to give.
+    /// Answers the held state requests once the state is fit to give, or
+    /// once they waited [`MAX_STATE_DEFER`] (a tick without sums leaves it
+    /// unfit until the next one closes; the joiner checks what it gets).
     pub(crate) async fn answer_deferred_states(&mut self) {
-        if self.deferred_states.is_empty() || self.engine.state_ready_at(now()).is_some() {
-            return;
-        }
-        while let Some((id, peer, message)) = self.deferred_states.pop_front() {
+        let ready = self.engine.state_ready_at(now()).is_none();
+        while let Some((since, ..)) = self.deferred_states.front() {
+            if !ready && since.elapsed() < MAX_STATE_DEFER {
+                break;
+            }
+            let (_, id, peer, message) = self.deferred_states.pop_front().expect("checked");
             self.answer(id, peer, message).await;
         }
     }
@@ -403,7 +415,9 @@ impl Node {
             },
             // The engine checks the state (`ReplicaState::verify`) and
             // refuses a bad one with its reason, which `outputs` counts and logs.
-            Internal::Sum { key, group, from, asked, result } => self.on_sum_fetched((key, group), from, asked, result),
+            Internal::Sum { key, group, from, hash, asked, result } => {
+                self.on_sum_fetched((key, group), (from, hash), asked, result)
+            }
             Internal::Anchor { from, result } => match result {
                 Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state }),
                 Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
@@ -414,6 +428,9 @@ impl Node {
 
 /// State requests held at once at most (see `Node::defers`).
 const MAX_DEFERRED_STATES: usize = 64;
+/// Longest a state request is held: well under a joiner's wait for a
+/// state head (10 s).
+const MAX_STATE_DEFER: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How gossipsub should treat a message rejected for `r`: misbehaviour
 /// lowers the sender's score, bad luck (too stale) is only ignored.

@@ -119,6 +119,18 @@ impl Engine {
         self.roles(key).designated.clone()
     }
 
+    /// Our parent in group `group`'s tree of tick `key`: the one node
+    /// whose offer of that sum a shell takes (others ask a signer).
+    /// `None` outside the ticks whose sums are still taken (roles of far
+    /// ticks are not worked out, or kept, for a peer's say-so).
+    pub fn sum_parent(&mut self, key: u64, group: u32) -> Option<NodeId> {
+        let (open, slack) = (self.first_open_key(), u64::from(self.cfg.staleness.tau_max));
+        if key.saturating_add(slack) < open || key > open.saturating_add(slack + super::FUTURE_TICK_SLACK) {
+            return None;
+        }
+        self.roles(key).parent.get(group as usize).copied().flatten()
+    }
+
     /// Tick `key`'s roles ([`Roles`]), from the view when first needed.
     fn roles(&mut self, key: u64) -> Arc<Roles> {
         let Some(cfg) = self.cfg.aggregation else {

@@ -25,7 +25,7 @@ impl Engine {
             Some(RejectReason::AggregateMismatch)
         } else if a.body_len > Aggregate::max_len(self.cfg.codec, self.anchor.len()) as u64 {
             Some(RejectReason::TooLarge)
-        } else if key + u64::from(self.cfg.staleness.tau_max) < self.first_open_key() {
+        } else if key.saturating_add(u64::from(self.cfg.staleness.tau_max)) < self.first_open_key() {
             Some(RejectReason::TooStale)
         } else if self.clock.as_ref().is_some_and(|c| key > c.tick(now) + crate::engine::FUTURE_TICK_SLACK) {
             Some(RejectReason::FromTheFuture)
@@ -197,9 +197,9 @@ impl Engine {
         let open = self.first_open_key();
         let slack = u64::from(self.cfg.staleness.tau_max);
         let max = Aggregate::max_len(self.cfg.codec, self.anchor.len());
-        let refused = if key + slack < open {
+        let refused = if key.saturating_add(slack) < open {
             Some(RejectReason::TooStale)
-        } else if key > open + slack + crate::engine::FUTURE_TICK_SLACK {
+        } else if key > open.saturating_add(slack + crate::engine::FUTURE_TICK_SLACK) {
             Some(RejectReason::FromTheFuture)
         } else if bytes.len() > max {
             Some(RejectReason::TooLarge)

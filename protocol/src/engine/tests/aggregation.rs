@@ -160,3 +160,27 @@ fn aggregated_ticks_are_at_least_the_floor() {
     assert_eq!(period(Some(1_000)), 1.0);
     assert_eq!(period(Some(crate::aggregate::DEFAULT_MIN_TICK_MS)), 1.0);
 }
+
+/// A shell takes a sum offered only by our parent in its group's tree, and
+/// asks for it only within the ticks whose sums are still taken; a body
+/// naming the last tick there is refused, not a panic.
+#[test]
+fn a_sum_parent_is_named_only_for_ticks_whose_sums_are_taken() {
+    let mut h = Harness::new(aggregated(true), &speeds(), 5);
+    let end = Micros::from_secs_f64(60.0);
+    h.run_until(end);
+    let tick = h.engines[0].tick_at(end).expect("tick mode");
+    let with_parent = (0..NODES).filter(|&k| (0..4).any(|g| h.engines[k].sum_parent(tick, g).is_some())).count();
+    assert!(with_parent > 0, "nobody has a parent in tick {tick}");
+    for e in &mut h.engines {
+        assert_eq!(e.sum_parent(u64::MAX, 0), None);
+        assert_eq!(e.sum_parent(0, 0), None, "tick 0 closed long ago");
+    }
+    let from = h.engines[1].node_id();
+    let e = &mut h.engines[0];
+    let anchor = e.anchor().to_vec();
+    let bytes = Arc::new(vec![1u8; 64]);
+    e.handle(end, Input::AggregateBody { key: u64::MAX, group: 0, from, bytes });
+    while e.poll_output().is_some() {}
+    assert_eq!(e.anchor(), &anchor[..]);
+}
