@@ -86,10 +86,11 @@ impl Node {
     /// a push that fails is logged: the engine has other paths (a signer
     /// is asked for a sum our child lacks, anti-entropy for an update).
     pub(crate) fn send_to(&mut self, to: &[NodeId], m: Message) {
-        let len = m.encode().len() as u64;
-        for node in to.iter().filter(|n| **n != self.me) {
+        let len = m.encode().len();
+        let me = self.me;
+        for node in to.iter().filter(|n| **n != me) {
             let Some(peer) = Self::peer_of(node) else { continue };
-            self.bytes_out += len;
+            self.count_sent(m.kind(), len);
             let (net, m) = (self.net.clone(), m.clone());
             tokio::spawn(async move {
                 match net.request(peer, m).await {

@@ -7,7 +7,7 @@ use ragtag_protocol::{
     engine::{EngineEvent, Output, inner_lr::LrChange, state_transfer, trust::StateRefusal},
     ids::Hash32,
     ledger::RecordKind,
-    wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message},
+    wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message, MessageKind},
 };
 
 use super::{Internal, Node, fetch};
@@ -23,13 +23,15 @@ impl Node {
         self.flush_records().await;
     }
 
+    /// Counts `n` bytes of a message of `kind` sent, in the status and the metrics.
+    pub(crate) fn count_sent(&mut self, kind: MessageKind, n: usize) {
+        self.bytes_out += n as u64;
+        self.metrics.bytes_out.get_or_create(&crate::metrics::KindLabel { kind: kind.name().into() }).inc_by(n as u64);
+    }
+
     pub(crate) async fn gossip(&mut self, m: &Message) {
         let bytes = m.encode();
-        self.bytes_out += bytes.len() as u64;
-        self.metrics
-            .bytes_out
-            .get_or_create(&crate::metrics::KindLabel { kind: m.kind().name().into() })
-            .inc_by(bytes.len() as u64);
+        self.count_sent(m.kind(), bytes.len());
         if let Err(e) = self.net.publish(bytes).await {
             tracing::warn!("gossip: {e}");
         }
