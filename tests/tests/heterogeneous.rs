@@ -12,11 +12,12 @@ const T: Duration = Duration::from_secs(150);
 /// How long the gopals swarm and the control train.
 const RUN_S: &str = "100";
 /// Where ddp and gopals are timed (a lone node reaches it too: a ratio, not proof).
-const TARGET: f64 = 1.36;
+const TARGET: f64 = 2.0;
 /// The swarm's mean held-out loss over the second half must be this much
-/// below the control's. Measured 2026-12-02 on 2 cores: swarm 1.282, alone
-/// 1.332 (each evaluation of a lone node scatters by about 0.02, the mean of
-/// 25 by well under 0.01).
+/// below the control's. Measured on 2 cores with the built-in task of
+/// 2026-12-05 (64 inputs, 32 classes): swarm 1.948, alone 2.012 (each
+/// evaluation of a lone node scatters by about 0.03, the mean of 25 by
+/// about 0.01).
 const MARGIN: f64 = 0.02;
 
 /// Every held-out evaluation `(t, loss)` a node prints until it exits.

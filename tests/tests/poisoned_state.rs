@@ -5,7 +5,8 @@
 //! its anchor (a far-away one, then a near one with a forged inner-rate
 //! schedule), and serves the same poisoned state to a joiner. Before the
 //! trust rules an honest replica averaged half way to such a state (held-out
-//! loss from 1.3 to over 500) and a joiner adopted it outright.
+//! loss from about 1.3 to over 500, on the easier built-in task of the time)
+//! and a joiner adopted it outright.
 
 use std::{
     sync::{Arc, Mutex},
@@ -28,9 +29,9 @@ const T: Duration = Duration::from_secs(120);
 /// How far the poisoned anchor lies: the honest one scaled by this.
 const POISON_SCALE: f32 = 50.0;
 /// A held-out loss no honest replica of the built-in run comes near (it
-/// starts at about 2.3 and trains to about 1.3; the poisoned state's is in
-/// the hundreds).
-const SANE_LOSS: f64 = 3.0;
+/// starts at about 3.5, chance over 32 classes, and trains to about 2.0; the
+/// poisoned state's is in the hundreds).
+const SANE_LOSS: f64 = 5.0;
 
 /// One object (`snapshot`: the hash that names it, zero for the head of
 /// the peer's current state) that `peer` serves, fetched in chunks.

@@ -38,10 +38,11 @@ fn two_nodes_train_together() {
     assert!(aa >= ra + rb - 2, "a applied {aa}");
     // Replicas agree whenever they hold the same updates.
     assert!(assert_replicas_agree(&ra_events, &rb_events) >= 2, "too few comparable rounds");
-    // Held-out loss fell.
+    // Held-out loss fell, below chance (ln 32: the built-in task's classes).
+    let chance = 32f64.ln();
     let first_eval = first["eval_loss"].as_f64().unwrap_or(f64::MAX);
     let last_eval = eb["outcome"]["eval_loss"].as_f64().unwrap();
-    assert!(last_eval < first_eval.min(2.3), "held-out loss {first_eval} -> {last_eval}");
+    assert!(last_eval < first_eval.min(chance), "held-out loss {first_eval} -> {last_eval}");
     assert_eq!(eb["outcome"]["origin"], "joined");
 }
 

@@ -25,7 +25,7 @@ fn cases(repo: &Path) -> Vec<Case> {
     vec![
         Case {
             name: "mlp",
-            describe: "MLP 32-64-64-10, batch 32 (the built-in run)",
+            describe: "MLP 32-64-64-10, batch 32 (`swarm new --data teacher`)",
             model: ModelSpec::Mlp { inputs: 32, hidden: vec![64, 64], classes: 10 },
             data: DataSpec::Teacher { inputs: 32, classes: 10, hidden: 16, temperature: 0.5, test_samples: 64 },
             data_path: None,
