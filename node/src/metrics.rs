@@ -92,7 +92,7 @@ pub struct NodeMetrics {
     pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
-    /// Quorum sums published and received (aggregated dissemination).
+    /// Quorum sums published, received and offers declined (aggregated dissemination).
     pub sums: Family<OutcomeLabel, Counter>,
     /// Dials that failed (a peer gone, or unreachable).
     pub dial_failures: Counter,
@@ -180,7 +180,11 @@ impl NodeMetrics {
             m.late_updates.clone(),
         );
         r.register("dial_failures", "Dials that failed", m.dial_failures.clone());
-        r.register("sums", "Quorum sums published and received (aggregated dissemination)", m.sums.clone());
+        r.register(
+            "sums",
+            "Quorum sums published, received and offers declined (aggregated dissemination)",
+            m.sums.clone(),
+        );
         r.register(
             "consensus_distance",
             "Estimated relative distance to a peer's replica",

@@ -123,6 +123,10 @@ pub struct SumStatus {
     /// Sum bodies pulled from peers (offered down the tree or fetched from
     /// a signer), before the engine's checks.
     pub received: u64,
+    /// Offers of a sum declined because as many pulls were already under
+    /// way as a node takes at once (the engine then asks a signer).
+    #[serde(default)]
+    pub declined: u64,
 }
 
 /// What became of our attempts to replace relayed connections by direct ones.
@@ -222,7 +226,10 @@ impl Status {
             self.ledger_records,
             self.listen_addrs.join(" "),
         ) + &self.sums.as_ref().map_or_else(String::new, |s| {
-            format!("\nsums     {} published, {} received (aggregated dissemination)", s.published, s.received)
+            format!(
+                "\nsums     {} published, {} received, {} offers declined (aggregated dissemination)",
+                s.published, s.received, s.declined
+            )
         })
     }
 }

@@ -33,6 +33,17 @@ pub(crate) const MAX_OFFERS_IN_FLIGHT: usize = 32;
 /// must not hold a pull (and its slot) for ever.
 const SUM_PULL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What became of a sum, for `ragtag status` and `ragtag_sums_total`.
+#[derive(Clone, Copy, Debug)]
+enum SumEvent {
+    /// We signed and published it as an aggregator.
+    Published,
+    /// Its body arrived from a peer.
+    Received,
+    /// Its offer was declined: too many pulls under way.
+    Declined,
+}
+
 /// The sums this node can serve: its own and those the engine passed on
 /// (it passes on only bodies whose hash a designated aggregator signed),
 /// oldest dropped first.
@@ -70,7 +81,7 @@ impl Node {
     /// Signs and gossips our sum's hash; keeps the body for fetchers.
     pub(crate) async fn publish_sum(&mut self, announcement: AggregateAnnouncement, body: Arc<Vec<u8>>) {
         self.sums.insert(announcement.body_hash, body);
-        self.count_sum(true);
+        self.count_sum(SumEvent::Published);
         let m = Message::AggregateAnnounce(Signed::sign(&announcement, &self.opts.key));
         self.gossip(&m).await;
     }
@@ -135,7 +146,7 @@ impl Node {
         match result {
             Ok(bytes) => {
                 self.received(Self::peer_of(&from), bytes.len());
-                self.count_sum(false);
+                self.count_sum(SumEvent::Received);
                 self.engine.handle(now(), Input::AggregateBody { key, group, from, bytes: Arc::new(bytes) });
             }
             Err(e) => {
@@ -147,19 +158,20 @@ impl Node {
         }
     }
 
-    /// Counts a sum we published (`true`) or received, in the status and the metrics.
-    fn count_sum(&mut self, published: bool) {
-        let (outcome, count) = if published {
-            ("published", &mut self.sum_counts.published)
-        } else {
-            ("received", &mut self.sum_counts.received)
+    /// Counts a sum published, received or declined, in the status and the metrics.
+    fn count_sum(&mut self, event: SumEvent) {
+        let (outcome, count) = match event {
+            SumEvent::Published => ("published", &mut self.sum_counts.published),
+            SumEvent::Received => ("received", &mut self.sum_counts.received),
+            SumEvent::Declined => ("declined", &mut self.sum_counts.declined),
         };
         *count += 1;
         self.metrics.sums.get_or_create(&crate::metrics::OutcomeLabel { outcome: outcome.into() }).inc();
     }
 
     /// A gossiped sum hash: its signature and signer are checked here, the
-    /// rest (designated aggregator, tick, size) by the engine.
+    /// rest (designated aggregator, tick, size) by the engine before gossip
+    /// passes it on.
     pub(crate) fn on_sum_announcement(
         &mut self,
         from: PeerId,
@@ -174,11 +186,18 @@ impl Node {
                 self.reject(Some(from), RejectReason::NotAllowed, "a sum's hash");
                 MessageAcceptance::Reject
             }
-            Ok(a) => {
-                let aggregator = a.aggregator;
-                self.engine.handle(now(), Input::AggregateAnnouncement { announcement: a, from: aggregator });
-                MessageAcceptance::Accept
-            }
+            Ok(a) => match self.engine.aggregate_announcement_verdict(now(), &a) {
+                // Not passed on: no replica in step would count it.
+                Some(r) => {
+                    self.reject(Some(from), r, "a sum's hash");
+                    super::inbound::acceptance(r)
+                }
+                None => {
+                    let aggregator = a.aggregator;
+                    self.engine.handle(now(), Input::AggregateAnnouncement { announcement: a, from: aggregator });
+                    MessageAcceptance::Accept
+                }
+            },
             Err(_) => {
                 self.reject(Some(from), RejectReason::BadSignature, "a sum's hash");
                 MessageAcceptance::Reject
@@ -226,6 +245,7 @@ impl Node {
                 o.key,
                 o.group
             );
+            self.count_sum(SumEvent::Declined);
             return Message::Error(ErrorReply::BadRequest);
         }
         self.offers_pulling.insert(o.hash);

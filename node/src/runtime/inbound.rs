@@ -434,6 +434,6 @@ const MAX_STATE_DEFER: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How gossipsub should treat a message rejected for `r`: misbehaviour
 /// lowers the sender's score, bad luck (too stale) is only ignored.
-fn acceptance(r: RejectReason) -> MessageAcceptance {
+pub(super) fn acceptance(r: RejectReason) -> MessageAcceptance {
     if r.is_misbehaviour() { MessageAcceptance::Reject } else { MessageAcceptance::Ignore }
 }

@@ -15,11 +15,25 @@ use crate::{
 
 impl Engine {
     pub(in crate::engine) fn on_aggregate_announcement(&mut self, now: Micros, a: AggregateAnnouncement, from: NodeId) {
-        let Some(cfg) = self.cfg.aggregation else {
+        if self.cfg.aggregation.is_none() {
             return;
+        }
+        match self.aggregate_announcement_verdict(now, &a) {
+            Some(r) => self.refuse_aggregate(a.key, a.group, from, r),
+            None => self.vote(now, &a, a.aggregator),
+        }
+    }
+
+    /// Why this replica would refuse a sum's signed hash now, or `None`:
+    /// the checks made on arrival, so that a shell can tell its gossip layer
+    /// not to pass on a hash that no replica in step would count (and to
+    /// lower the sender's score where the refusal is misbehaviour).
+    pub fn aggregate_announcement_verdict(&mut self, now: Micros, a: &AggregateAnnouncement) -> Option<RejectReason> {
+        let Some(cfg) = self.cfg.aggregation else {
+            return Some(RejectReason::AggregateMismatch);
         };
         let (key, group) = (a.key, a.group);
-        let reason = if a.run_id != self.run_id {
+        if a.run_id != self.run_id {
             Some(RejectReason::WrongRun)
         } else if group >= cfg.groups || a.members == 0 {
             Some(RejectReason::AggregateMismatch)
@@ -33,10 +47,6 @@ impl Engine {
             Some(RejectReason::NotAnAggregator)
         } else {
             None
-        };
-        match reason {
-            Some(r) => self.refuse_aggregate(key, group, from, r),
-            None => self.vote(now, &a, a.aggregator),
         }
     }
 

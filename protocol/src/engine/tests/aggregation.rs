@@ -94,6 +94,12 @@ fn a_forging_aggregator_changes_nothing_that_is_applied() {
         body_len: 100,
         body_hash: Hash32([1; 32]),
     };
+    // The verdict a shell asks for before gossip passes the hash on.
+    assert_eq!(e.aggregate_announcement_verdict(now, &a), Some(RejectReason::NotAnAggregator));
+    let signed_by_designated = AggregateAnnouncement { aggregator: designated[0][0], ..a.clone() };
+    assert_eq!(e.aggregate_announcement_verdict(now, &signed_by_designated), None);
+    let elsewhere = AggregateAnnouncement { run_id: RunId(Hash32([0xab; 32])), ..a.clone() };
+    assert_eq!(e.aggregate_announcement_verdict(now, &elsewhere), Some(RejectReason::WrongRun));
     e.handle(now, Input::AggregateAnnouncement { announcement: a, from: outsider });
     let refused = std::iter::from_fn(|| e.poll_output()).any(|o| {
         matches!(o, Output::Event(EngineEvent::AggregateRefused { reason: RejectReason::NotAnAggregator, .. }))
