@@ -5,7 +5,7 @@
 //! arrives before the engine sees it.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::Duration,
 };
@@ -46,25 +46,28 @@ enum SumEvent {
 
 /// The sums this node can serve: its own and those the engine passed on
 /// (it passes on only bodies whose hash a designated aggregator signed),
-/// oldest dropped first.
+/// the oldest tick's dropped first, so a sum that arrives late for an old
+/// tick never pushes out a newer one (our own included) still being asked
+/// for.
 #[derive(Debug, Default)]
 pub(crate) struct SumStore {
     by_hash: BTreeMap<Hash32, Arc<Vec<u8>>>,
-    order: VecDeque<Hash32>,
+    by_tick: BTreeSet<(u64, Hash32)>,
     bytes: usize,
 }
 
 impl SumStore {
-    /// Keeps `body` under `hash` (already checked by the engine).
-    pub(crate) fn insert(&mut self, hash: Hash32, body: Arc<Vec<u8>>) {
-        let len = body.len();
-        if self.by_hash.insert(hash, body).is_some() {
+    /// Keeps `body`, a sum of tick `key`, under `hash` (already checked by
+    /// the engine).
+    pub(crate) fn insert(&mut self, key: u64, hash: Hash32, body: Arc<Vec<u8>>) {
+        if self.by_hash.contains_key(&hash) {
             return;
         }
-        self.order.push_back(hash);
-        self.bytes += len;
-        while self.order.len() > MAX_HELD_SUMS || (self.bytes > MAX_HELD_BYTES && self.order.len() > 1) {
-            let Some(old) = self.order.pop_front() else { break };
+        self.bytes += body.len();
+        self.by_hash.insert(hash, body);
+        self.by_tick.insert((key, hash));
+        while self.by_tick.len() > MAX_HELD_SUMS || (self.bytes > MAX_HELD_BYTES && self.by_tick.len() > 1) {
+            let Some((_, old)) = self.by_tick.pop_first() else { break };
             if let Some(b) = self.by_hash.remove(&old) {
                 self.bytes -= b.len();
             }
@@ -80,7 +83,7 @@ impl SumStore {
 impl Node {
     /// Signs and gossips our sum's hash; keeps the body for fetchers.
     pub(crate) async fn publish_sum(&mut self, announcement: AggregateAnnouncement, body: Arc<Vec<u8>>) {
-        self.sums.insert(announcement.body_hash, body);
+        self.sums.insert(announcement.key, announcement.body_hash, body);
         self.count_sum(SumEvent::Published);
         let m = Message::AggregateAnnounce(Signed::sign(&announcement, &self.opts.key));
         self.gossip(&m).await;
@@ -89,7 +92,7 @@ impl Node {
     /// Offers a sum to our children in its group's tree; each pulls it.
     pub(crate) fn offer_sum(&mut self, (key, group): (u64, u32), hash: Hash32, to: &[NodeId], body: Arc<Vec<u8>>) {
         let offer = AggregateOffer { run_id: self.engine.run_id(), key, group, hash, len: body.len() as u64 };
-        self.sums.insert(hash, body);
+        self.sums.insert(key, hash, body);
         self.send_to(to, Message::AggregateOffer(offer));
     }
 
@@ -259,20 +262,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_sum_store_drops_the_oldest_beyond_its_bounds() {
+    fn the_sum_store_drops_the_oldest_ticks_beyond_its_bounds() {
         let mut s = SumStore::default();
+        let h = |i: u32| Hash32::of(&i.to_le_bytes());
         for i in 0..(MAX_HELD_SUMS + 10) as u32 {
-            s.insert(Hash32::of(&i.to_le_bytes()), Arc::new(vec![0; 8]));
+            s.insert(u64::from(i) + 100, h(i), Arc::new(vec![0; 8]));
         }
-        assert_eq!(s.order.len(), MAX_HELD_SUMS);
-        assert!(s.get(&Hash32::of(&0u32.to_le_bytes())).is_none(), "the oldest went first");
-        assert!(s.get(&Hash32::of(&((MAX_HELD_SUMS + 9) as u32).to_le_bytes())).is_some());
+        assert_eq!(s.by_tick.len(), MAX_HELD_SUMS);
+        assert!(s.get(&h(0)).is_none(), "the oldest went first");
+        assert!(s.get(&h(MAX_HELD_SUMS as u32 + 9)).is_some());
+        // A sum of an older tick that arrives late goes before newer ones.
+        let oldest_held = *s.by_tick.iter().next().unwrap();
+        s.insert(1, Hash32([7; 32]), Arc::new(vec![0; 8]));
+        assert!(s.get(&Hash32([7; 32])).is_none(), "the late, oldest sum went");
+        assert!(s.get(&oldest_held.1).is_some(), "no newer sum went for it");
         let big = MAX_HELD_BYTES / 2 + 1;
-        s.insert(Hash32([1; 32]), Arc::new(vec![0; big]));
-        s.insert(Hash32([2; 32]), Arc::new(vec![0; big]));
+        s.insert(1_000, Hash32([1; 32]), Arc::new(vec![0; big]));
+        s.insert(1_001, Hash32([2; 32]), Arc::new(vec![0; big]));
         assert!(s.bytes <= MAX_HELD_BYTES, "{} bytes held", s.bytes);
         assert!(s.get(&Hash32([2; 32])).is_some() && s.get(&Hash32([1; 32])).is_none());
-        s.insert(Hash32([2; 32]), Arc::new(vec![0; big]));
-        assert_eq!(s.order.iter().filter(|h| **h == Hash32([2; 32])).count(), 1, "a second copy is not kept twice");
+        s.insert(1_001, Hash32([2; 32]), Arc::new(vec![0; big]));
+        assert_eq!(
+            s.by_tick.iter().filter(|(_, h)| *h == Hash32([2; 32])).count(),
+            1,
+            "a second copy is not kept twice"
+        );
+        assert!(s.bytes <= MAX_HELD_BYTES, "{} bytes held after a second copy", s.bytes);
     }
 }
