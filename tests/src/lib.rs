@@ -299,3 +299,48 @@ pub fn status_json(metrics: &str) -> serde_json::Value {
         Command::new(bin("ragtag")).args(["status", "--metrics", metrics, "--json"]).output().expect("ragtag status");
     serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("status: {}", String::from_utf8_lossy(&out.stderr)))
 }
+
+/// How long [`peer_client`] waits for its first connection.
+const CLIENT_CONNECT: Duration = Duration::from_secs(120);
+
+/// A network client of our own (an attacker or a spy) on `run`'s topic,
+/// dialing `addr`, with the events it receives.
+pub fn peer_client(
+    key: &ragtag_protocol::Keypair,
+    run: ragtag_protocol::ids::RunId,
+    addr: &str,
+) -> (ragtag_node::net::Client, tokio::sync::mpsc::Receiver<ragtag_node::net::Event>) {
+    let cfg = ragtag_node::net::Config::loopback_client(
+        ragtag_node::identity::libp2p_keypair(key),
+        &format!("ragtag/{run}"),
+        vec![addr.parse().expect("a multiaddr")],
+        None,
+    );
+    let mut reg = prometheus_client::registry::Registry::default();
+    let (client, events, _task) = ragtag_node::net::spawn(cfg, &mut reg).expect("a network client");
+    (client, events)
+}
+
+/// Waits for a [`peer_client`]'s first connection, then drains its events
+/// so the network task never blocks on us.
+pub async fn connected(mut events: tokio::sync::mpsc::Receiver<ragtag_node::net::Event>) {
+    loop {
+        match tokio::time::timeout(CLIENT_CONNECT, events.recv()).await.expect("a connection").expect("network") {
+            ragtag_node::net::Event::Connected(_) => break,
+            _ => continue,
+        }
+    }
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+}
+
+/// Writes the manifest of a new aggregated run (`swarm new --aggregate
+/// groups`) into `dir` and returns its path.
+pub fn aggregated_manifest(dir: &Path, groups: u32) -> PathBuf {
+    let out = Command::new(bin("ragtag"))
+        .args(["swarm", "new", "--name", "aggregated", "--aggregate", &groups.to_string(), "--out"])
+        .arg(dir)
+        .output()
+        .expect("ragtag swarm new");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    dir.join("manifest.toml")
+}

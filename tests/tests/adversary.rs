@@ -15,7 +15,7 @@ use ragtag_protocol::{
     manifest::Manifest,
     wire::{Message, MessageKind, UpdateAnnouncement, WIRE_VERSION},
 };
-use ragtag_tests::{free_port, node};
+use ragtag_tests::{connected, free_port, node, peer_client};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -34,26 +34,9 @@ fn own_update(key: &Keypair, template: &UpdateAnnouncement, round: u64, codec: C
     Message::Update { announcement: Signed::sign(&a, key), payload }
 }
 
-/// A network client of our own on the run's topic, dialing `addr`.
+/// A client on the built-in run's topic.
 fn client(key: &Keypair, addr: &str) -> (net::Client, tokio::sync::mpsc::Receiver<net::Event>) {
-    let run_id = Manifest::builtin(Strategy::Gopals).run_id();
-    let topic = format!("ragtag/{run_id}");
-    let cfg = net::Config::loopback_client(identity::libp2p_keypair(key), &topic, vec![addr.parse().unwrap()], None);
-    let mut reg = prometheus_client::registry::Registry::default();
-    let (client, events, _task) = net::spawn(cfg, &mut reg).unwrap();
-    (client, events)
-}
-
-/// Waits for the first connection, then drains events so the network task
-/// never blocks on us.
-async fn connected(mut events: tokio::sync::mpsc::Receiver<net::Event>) {
-    loop {
-        match tokio::time::timeout(T, events.recv()).await.expect("a connection").expect("network") {
-            net::Event::Connected(_) => break,
-            _ => continue,
-        }
-    }
-    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    peer_client(key, Manifest::builtin(Strategy::Gopals).run_id(), addr)
 }
 
 #[test]

@@ -9,19 +9,14 @@
 
 use std::time::Duration;
 
-use ragtag_tests::{bin, node, sketch_distance};
+use ragtag_tests::{node, sketch_distance};
 
 const T: Duration = Duration::from_secs(150);
 
 #[test]
 fn processes_that_aggregate_their_updates_keep_identical_replicas() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(bin("ragtag"))
-        .args(["swarm", "new", "--name", "aggregated", "--aggregate", "2", "--out", dir.path().to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let manifest = dir.path().join("manifest.toml");
+    let manifest = ragtag_tests::aggregated_manifest(dir.path(), 2);
     let text = std::fs::read_to_string(&manifest).unwrap();
     assert!(text.contains("groups = 2"), "{text}");
     let m = manifest.to_str().unwrap();

@@ -21,44 +21,14 @@ use ragtag_protocol::{
     ids::{Hash32, RunId},
     wire::{AggregateOffer, ErrorReply, Message},
 };
-use ragtag_tests::{bin, free_port, node, sketch_distance, status_json};
+use ragtag_tests::{connected, free_port, node, peer_client as client, sketch_distance, status_json};
 
 const T: Duration = Duration::from_secs(120);
-
-/// A network client of our own on `run`'s topic, dialing `addr`.
-fn client(key: &Keypair, run: RunId, addr: &str) -> (net::Client, tokio::sync::mpsc::Receiver<net::Event>) {
-    let cfg = net::Config::loopback_client(
-        identity::libp2p_keypair(key),
-        &format!("ragtag/{run}"),
-        vec![addr.parse().unwrap()],
-        None,
-    );
-    let mut reg = prometheus_client::registry::Registry::default();
-    let (client, events, _task) = net::spawn(cfg, &mut reg).unwrap();
-    (client, events)
-}
-
-/// Waits for the first connection, then drains events so the network task
-/// never blocks on us.
-async fn connected(mut events: tokio::sync::mpsc::Receiver<net::Event>) {
-    loop {
-        match tokio::time::timeout(T, events.recv()).await.expect("a connection").expect("network") {
-            net::Event::Connected(_) => break,
-            _ => continue,
-        }
-    }
-    tokio::spawn(async move { while events.recv().await.is_some() {} });
-}
 
 #[test]
 fn forged_sum_hashes_and_offers_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(bin("ragtag"))
-        .args(["swarm", "new", "--name", "aggregated", "--aggregate", "2", "--out", dir.path().to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let manifest = dir.path().join("manifest.toml");
+    let manifest = ragtag_tests::aggregated_manifest(dir.path(), 2);
     let run = manifest_file::read(&manifest).unwrap().run_id();
     let m = manifest.to_str().unwrap();
     let metrics = format!("127.0.0.1:{}", free_port());
