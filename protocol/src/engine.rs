@@ -195,6 +195,8 @@ pub struct Engine {
     residual: ErrorFeedback,
     membership: Membership,
     last_base_tick: Option<u64>,
+    /// The tick of this process's first round: it sums no earlier tick.
+    first_base_tick: Option<u64>,
     last_batch_tick: Option<u64>,
     /// The newest batch key (tick or round) whose outer round is closed.
     last_closed_key: Option<u64>,
@@ -285,6 +287,7 @@ impl Engine {
             residual: ErrorFeedback::new(),
             membership,
             last_base_tick: None,
+            first_base_tick: None,
             last_batch_tick: None,
             last_closed_key: None,
             awaiting: BTreeMap::new(),

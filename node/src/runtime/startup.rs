@@ -2,12 +2,13 @@
 //! (resumed from a checkpoint, synced from a peer, or fresh).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs::File,
     path::{Path, PathBuf},
     time::Duration,
 };
 
+use futures::{StreamExt, stream::FuturesUnordered};
 use libp2p::PeerId;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use ragtag_protocol::{
@@ -43,6 +44,11 @@ const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// Longest wait for a holder's state head (small): a peer that does not
 /// answer must not hold the join up for the whole request timeout.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much longer the other holders get once one head is in: an honest
+/// holder answers within a round trip, and a head waited on for long names
+/// a state its holder has moved past (with aggregated dissemination, one
+/// that lacks sums announced meanwhile, so the joiner would not be in step).
+const HEAD_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a node could not get ready: `ragtag run` prints it and exits.
 #[derive(Debug, thiserror::Error)]
@@ -238,21 +244,13 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
 /// taken only when another peer's state agrees with it (see
 /// [`trust::vouched_state`]); `None` when no peer served one.
 async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trust::StateRefusal> {
-    let run_id = s.manifest.run_id();
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     // Heads first (small): holders whose shared parts have the same hash
     // hold the same bytes, so each shared part is taken once, in chunks
     // from all of its holders at once.
-    let heads = s.peers.iter().take(MAX_STATE_SOURCES).map(|&peer| async move {
-        let head = tokio::time::timeout(HEAD_TIMEOUT, fetch::state_head(s.net, peer, run_id)).await;
-        (peer, head.unwrap_or(Err(fetch::FetchError::TimedOut)))
-    });
     let mut by_shared: BTreeMap<(Hash32, u64), Vec<(PeerId, StateHead)>> = BTreeMap::new();
-    for (peer, result) in futures::future::join_all(heads).await {
-        match result {
-            Ok(head) => by_shared.entry((head.shared_hash, head.shared_len)).or_default().push((peer, head)),
-            Err(e) => tracing::info!("no replica state from {peer}: {e}"),
-        }
+    for (peer, head) in state_heads(s).await {
+        by_shared.entry((head.shared_hash, head.shared_len)).or_default().push((peer, head));
     }
     let heads_served = !by_shared.is_empty();
     // Every shared part at once (holders a batch apart hold different ones,
@@ -310,6 +308,33 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
         }
         Err(reason) => Err(reason),
     }
+}
+
+/// The state heads of up to [`MAX_STATE_SOURCES`] peers: all that come
+/// within [`HEAD_TIMEOUT`], and no later than [`HEAD_GRACE`] after the
+/// first, so that peers that never answer cannot make the state that did
+/// come old.
+async fn state_heads(s: &EngineSetup<'_>) -> Vec<(PeerId, StateHead)> {
+    let run_id = s.manifest.run_id();
+    let mut waiting: BTreeSet<PeerId> = s.peers.iter().take(MAX_STATE_SOURCES).copied().collect();
+    let mut asked: FuturesUnordered<_> =
+        waiting.iter().map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) }).collect();
+    let mut deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
+    let mut heads = Vec::new();
+    while let Ok(Some((peer, result))) = tokio::time::timeout_at(deadline, asked.next()).await {
+        waiting.remove(&peer);
+        match result {
+            Ok(head) => {
+                heads.push((peer, head));
+                deadline = deadline.min(tokio::time::Instant::now() + HEAD_GRACE);
+            }
+            Err(e) => tracing::info!("no replica state from {peer}: {e}"),
+        }
+    }
+    for peer in waiting {
+        tracing::info!("no replica state from {peer}: no answer in time");
+    }
+    heads
 }
 
 /// The states of `holders`, whose heads name the same shared part: taken

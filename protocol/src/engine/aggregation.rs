@@ -97,6 +97,12 @@ pub(super) struct AggregationState {
 }
 
 impl AggregationState {
+    /// Ticks whose bookkeeping is kept (bounded by the staleness window).
+    #[cfg(test)]
+    pub(super) fn ticks_kept(&self) -> usize {
+        self.roles.len().max(self.expected.len())
+    }
+
     /// Forgets every tick before `key`.
     fn forget_before(&mut self, key: u64) {
         let keep = |k: &GroupKey| k.0 >= key;
@@ -251,9 +257,13 @@ impl Engine {
         let period = clock.period().as_secs_f64();
         let deadline_of =
             |k: u64| clock.boundary(k + 1) + Micros::from_secs_f64(period * grace as f64 * PUBLISH_SHARE_OF_GRACE);
-        let open = self.first_open_key();
+        // Not the ticks before our first round: a joiner holds their
+        // updates from the state it took, but its holder and the others
+        // settled those ticks' sums (or their lack) without it; a sum of
+        // ours would arrive after they closed them.
+        let first = self.first_base_tick.unwrap_or(tick).max(self.first_open_key());
         let keys: BTreeSet<u64> =
-            self.pending.iter().map(|p| self.batch_key(&p.announcement)).filter(|k| *k < tick && *k >= open).collect();
+            self.pending.iter().map(|p| self.batch_key(&p.announcement)).filter(|k| *k < tick && *k >= first).collect();
         let mut wake: Option<Micros> = None;
         for key in keys {
             let deadline = deadline_of(key);

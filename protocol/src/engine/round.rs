@@ -212,6 +212,7 @@ impl Engine {
         self.apply_pending(upto);
         if matches!(self.cfg.schedule, Schedule::Tick { .. }) {
             self.last_base_tick = Some(base_tick);
+            self.first_base_tick.get_or_insert(base_tick);
             self.last_batch_tick = Some(base_tick);
         }
         let round = self.round;

@@ -115,10 +115,11 @@ impl ReplicaState {
     /// aggregated dissemination a tick's sums are announced once, in the
     /// tick after it: a state closed through tick `c` misses nothing only
     /// if its joiner listens before tick `c + 2` begins, when the sums of
-    /// tick `c + 1` are announced. Always true otherwise.
+    /// tick `c + 1` are announced; one that closed no tick, only in the
+    /// run's first tick. Always true otherwise.
     pub fn current_at(&self, cfg: &EngineConfig, now: Micros) -> bool {
-        match (cfg.aggregation, &self.clock, self.last_closed_key) {
-            (Some(_), Some(clock), Some(closed)) => clock.tick(now) <= closed + 1,
+        match (cfg.aggregation, &self.clock) {
+            (Some(_), Some(clock)) => self.last_closed_key.map_or(0, |c| c + 1) >= clock.tick(now),
             _ => true,
         }
     }

@@ -48,6 +48,15 @@ impl Engine {
             }
             self.apply_sums(key, sums);
         }
+        // Every tick before `upto` is closed now, with sums or without: the
+        // first open tick follows the clock even while no quorum forms (a
+        // node alone, a group of one), so that what is too stale, what a
+        // state a joiner takes leaves out and what is forgotten are the same
+        // at every replica in step. A sum of a tick closed empty that comes
+        // later joins the next tick, as a late sum does.
+        if let Some(u) = upto.filter(|u| *u > 0) {
+            self.last_closed_key = Some(self.last_closed_key.map_or(u - 1, |c| c.max(u - 1)));
+        }
         // Nobody sums these any more here; a late sum may still bring them.
         let (closed, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.pending).into_iter().partition(|p| before(self.batch_key(&p.announcement)));

@@ -190,3 +190,55 @@ fn a_sum_parent_is_named_only_for_ticks_whose_sums_are_taken() {
     while e.poll_output().is_some() {}
     assert_eq!(e.anchor(), &anchor[..]);
 }
+
+#[test]
+fn a_lone_aggregated_node_closes_its_ticks_by_the_clock_and_joiners_of_its_state_stay_in_step() {
+    // A node alone never sees a quorum sum. Its ticks still close: its
+    // state says how far it is, so a joiner can tell a state taken long
+    // ago from a current one, and it forgets what no sum can bring.
+    let mut cfg = aggregated(false);
+    cfg.aggregation = Some(AggregationConfig::with_groups(2));
+    cfg.h = 20;
+    cfg.anti_entropy.every_rounds = 10;
+    let mut h = Harness::new(cfg, &[20.0], 3);
+    h.run_until(Micros::from_secs_f64(3.0));
+    let early = h.engines[0].replica_state();
+    h.run_until(Micros::from_secs_f64(10.0));
+    // A node serves its state once its last tick is closed.
+    for _ in 0..4 {
+        match h.engines[0].state_ready_at(h.now) {
+            Some(at) => h.run_until(at),
+            None => break,
+        }
+    }
+    assert_eq!(h.engines[0].state_ready_at(h.now), None, "the lone node would never serve its state");
+    let now = h.now;
+    let tick = h.engines[0].clock.as_ref().unwrap().tick(now);
+    let state = h.engines[0].replica_state();
+    assert_eq!(h.engines[0].version().total(), 0, "nothing applied without a quorum");
+    assert!(state.last_closed_key.is_some_and(|c| c + 2 >= tick), "closed {:?} at tick {tick}", state.last_closed_key);
+    assert!(state.current_at(&cfg, now), "the lone node's own state is current");
+    assert!(!early.current_at(&cfg, now), "a state from tick {:?} is not current at {tick}", early.last_closed_key);
+    let keep = u64::from(cfg.staleness.tau_max) + 3;
+    let kept = h.engines[0].aggregation.ticks_kept() as u64;
+    assert!(kept <= keep, "{kept} ticks kept at tick {tick}");
+    // Two joiners of the current state apply the same sums as the node.
+    let run = h.engines[0].run_id();
+    for k in 1..3u64 {
+        let me = Keypair::deterministic(3, k).node_id();
+        h.engines.push(Engine::join(cfg, me, run, Micros::ZERO, state.clone(), 20.0, 3 + k));
+        h.speeds.push(20.0);
+        h.timer_gen.push(0);
+        h.received.push(0);
+        h.push(now, Ev::Input(k as usize, Box::new(Input::Start)));
+    }
+    for s in 11..40 {
+        h.run_until(Micros::from_secs_f64(s as f64));
+        for k in 1..3 {
+            if h.engines[k].version() == h.engines[0].version() {
+                assert_eq!(h.engines[k].anchor(), h.engines[0].anchor(), "node {k} at {s} s");
+            }
+        }
+    }
+    assert!(h.engines[0].version().total() >= 30, "{} applied", h.engines[0].version().total());
+}
