@@ -199,7 +199,6 @@ fn a_lone_aggregated_node_closes_its_ticks_by_the_clock_and_joiners_of_its_state
     let mut cfg = aggregated(false);
     cfg.aggregation = Some(AggregationConfig::with_groups(2));
     cfg.h = 20;
-    cfg.anti_entropy.every_rounds = 10;
     let mut h = Harness::new(cfg, &[20.0], 3);
     h.run_until(Micros::from_secs_f64(3.0));
     let early = h.engines[0].replica_state();
