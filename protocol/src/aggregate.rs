@@ -310,9 +310,8 @@ pub fn tree_parent(position: usize, r: u32, fanout: u32) -> Option<usize> {
 /// The `r` designated aggregators of group `group` of tick `key` among
 /// `candidates`: the first `r` of its [`rank`].
 pub fn aggregators_of(key: u64, group: u32, r: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let mut ranked = rank(key, group, candidates);
-    ranked.truncate(r as usize);
-    ranked
+    let ranked = rank(key, group, candidates);
+    ranked[..(r as usize).min(ranked.len())].to_vec()
 }
 
 #[cfg(test)]

@@ -80,6 +80,11 @@ pub const FUTURE_TICK_SLACK: u64 = 2;
 const ARRIVAL_HISTORY: u64 = 8;
 /// A fetch not answered within this long is abandoned.
 const FETCH_TIMEOUT: Micros = Micros(60_000_000);
+/// Output slots kept once a shell has drained the queue. A tick that
+/// applies a thousand peers' updates queues two outputs for each (receipt
+/// and event), and a queue keeps what it grew to: 0.5 GB over the
+/// simulator's 1,000 engines.
+const OUTPUTS_KEPT: usize = 256;
 
 /// What the engine is doing.
 #[derive(Clone, Debug)]
@@ -386,7 +391,11 @@ impl Engine {
 
     /// The next output to act on.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        let next = self.outputs.pop_front();
+        if next.is_none() && self.outputs.capacity() > OUTPUTS_KEPT {
+            self.outputs.shrink_to(OUTPUTS_KEPT);
+        }
+        next
     }
 
     /// The anchor (this node's replica of the shared model).

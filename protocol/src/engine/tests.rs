@@ -477,3 +477,20 @@ proptest! {
         }
     }
 }
+
+/// A drained output queue gives back what a busy tick grew it to.
+#[test]
+fn a_drained_output_queue_keeps_a_bounded_capacity() {
+    let cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+    let mut e = Engine::new(cfg, NodeId([1; 32]), RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; 4], 1.0, 1);
+    for outer_rounds in 0..5_000 {
+        e.event(EngineEvent::OuterRound { outer_rounds });
+    }
+    assert!(e.outputs.capacity() >= 5_000);
+    let mut drained = 0;
+    while e.poll_output().is_some() {
+        drained += 1;
+    }
+    assert!(drained >= 5_000);
+    assert!(e.outputs.capacity() <= OUTPUTS_KEPT, "{} slots kept", e.outputs.capacity());
+}
