@@ -56,6 +56,19 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
+/// How many malloc arenas a process keeps ([`prepare_cpu_process`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arenas {
+    /// One for every thread: a node's free memory does not grow with its
+    /// threads (a long-lived process on a volunteer's machine).
+    One,
+    /// glibc's default, an arena per thread up to eight per core: the
+    /// simulator allocates on every core at once, and one arena's lock
+    /// made a third of its 1,000-node run's time (BENCHMARKS.md, "1,000
+    /// nodes, the `large` scenario: wall time").
+    PerThread,
+}
+
 /// Sets up a process that trains on the CPU; call it first thing in
 /// `main`. Two things cost more than a small model's arithmetic otherwise:
 ///
@@ -64,9 +77,9 @@ impl fmt::Display for DeviceChoice {
 ///   the digits CNN's step). A value the user set is left alone.
 /// - glibc's malloc maps and unmaps each tensor of megabytes a step
 ///   allocates and frees, and grows and trims its heap as it goes: the page
-///   faults and TLB shootdowns took more time than the arithmetic. So: one
-///   arena (the free memory a node holds does not grow with its threads),
-///   blocks up to 32 MiB from the heap, 32 MiB of slack kept at its top.
+///   faults and TLB shootdowns took more time than the arithmetic. So:
+///   `arenas`, blocks up to 32 MiB from the heap, 32 MiB of slack kept at
+///   its top.
 ///   The char transformer's step halves against the 64 KiB mmap and
 ///   128 KiB trim thresholds the node set before; a 16-process soak holds
 ///   more memory per process but grows no faster (BENCHMARKS.md, "Training
@@ -76,23 +89,25 @@ impl fmt::Display for DeviceChoice {
 /// Sets an environment variable and the allocator's parameters: call it
 /// before the process starts any other thread.
 #[allow(unsafe_code)]
-pub unsafe fn prepare_cpu_process() {
+pub unsafe fn prepare_cpu_process(arenas: Arenas) {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         // SAFETY: the caller promises no other thread exists yet.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    for (param, value) in [
-        (libc::M_ARENA_MAX, 1),
-        (libc::M_MMAP_THRESHOLD, 32 << 20),
-        (libc::M_TRIM_THRESHOLD, 32 << 20),
-        (libc::M_TOP_PAD, 32 << 20),
-    ] {
-        // SAFETY: mallopt only sets allocator parameters; no other thread
-        // allocates yet.
-        unsafe { libc::mallopt(param, value) };
+    {
+        let one_arena = (arenas == Arenas::One).then_some((libc::M_ARENA_MAX, 1));
+        let heap =
+            [(libc::M_MMAP_THRESHOLD, 32 << 20), (libc::M_TRIM_THRESHOLD, 32 << 20), (libc::M_TOP_PAD, 32 << 20)];
+        for (param, value) in heap.into_iter().chain(one_arena) {
+            // SAFETY: mallopt only sets allocator parameters; no other
+            // thread allocates yet.
+            unsafe { libc::mallopt(param, value) };
+        }
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = arenas;
 }
 
 /// A selected device and a description for logs and status.

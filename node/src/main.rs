@@ -25,7 +25,7 @@ fn main() -> ExitCode {
     #[allow(unsafe_code)]
     // SAFETY: first thing in main, before any other thread is spawned.
     unsafe {
-        ragtag_models::device::prepare_cpu_process()
+        ragtag_models::device::prepare_cpu_process(ragtag_models::device::Arenas::One)
     };
     tracing_subscriber::fmt()
         .with_env_filter(

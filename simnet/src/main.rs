@@ -181,7 +181,7 @@ fn main() -> Result<()> {
     #[allow(unsafe_code)]
     // SAFETY: first thing in main, before any other thread is spawned.
     unsafe {
-        ragtag_models::device::prepare_cpu_process()
+        ragtag_models::device::prepare_cpu_process(ragtag_models::device::Arenas::PerThread)
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))

@@ -87,7 +87,7 @@ fn main() -> Result<()> {
     #[allow(unsafe_code)]
     // SAFETY: first thing in main, no other thread exists yet.
     unsafe {
-        ragtag_models::device::prepare_cpu_process()
+        ragtag_models::device::prepare_cpu_process(ragtag_models::device::Arenas::One)
     };
     let args = Args::parse();
     let full = args.full;
