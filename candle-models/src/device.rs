@@ -64,8 +64,8 @@ pub enum Arenas {
     One,
     /// glibc's default, an arena per thread up to eight per core: the
     /// simulator allocates on every core at once, and one arena's lock
-    /// made a third of its 1,000-node run's time (BENCHMARKS.md, "1,000
-    /// nodes, the `large` scenario: wall time").
+    /// put its 1,000-node run in futex waits (746 s against 1,015 s;
+    /// BENCHMARKS.md, "1,000 nodes: memory and the allocator's lock").
     PerThread,
 }
 
