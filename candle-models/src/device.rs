@@ -59,8 +59,8 @@ impl fmt::Display for DeviceChoice {
 /// How many malloc arenas a process keeps ([`prepare_cpu_process`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arenas {
-    /// One for every thread: a node's free memory does not grow with its
-    /// threads (a long-lived process on a volunteer's machine).
+    /// One arena shared by every thread: a node's free memory does not grow
+    /// with its threads (a long-lived process on a volunteer's machine).
     One,
     /// glibc's default, an arena per thread up to eight per core: the
     /// simulator allocates on every core at once, and one arena's lock

@@ -55,7 +55,7 @@ impl Engine {
         // at every replica in step. A sum of a tick closed empty that comes
         // later joins the next tick, as a late sum does.
         if let Some(u) = upto.filter(|u| *u > 0) {
-            self.last_closed_key = Some(self.last_closed_key.map_or(u - 1, |c| c.max(u - 1)));
+            self.last_closed_key = self.last_closed_key.max(Some(u - 1));
         }
         // Nobody sums these any more here; a late sum may still bring them.
         let (closed, later): (Vec<_>, Vec<_>) =
