@@ -540,7 +540,8 @@ impl Node {
                 if self.opts.json {
                     self.json_line(
                         &serde_json::json!({
-                            "event": "round", "round": round, "t": self.started.elapsed().as_secs_f64(),
+                            "event": "round", "round": round, "tick": self.engine.tick_at(now()),
+                            "t": self.started.elapsed().as_secs_f64(),
                             "train_loss": self.engine.stats().last_loss, "eval_loss": self.eval.map(|e| e.loss),
                             "applied": self.engine.stats().applied, "outer_rounds": self.engine.outer_rounds(),
                             "version": self.engine.version().total(), "lr_scale": self.engine.lr_scale(now()),
