@@ -10,6 +10,7 @@ pub mod simulate;
 pub mod soak;
 pub mod suite;
 pub mod teacher_digits;
+pub mod traffic;
 pub mod trainer;
 pub mod transfer;
 pub mod versus_ddp;

@@ -293,6 +293,21 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("its address").port()
 }
 
+/// One plain HTTP/1.0 GET on loopback (the node's /metrics and /status):
+/// the whole answer, headers included; empty if the node does not answer
+/// within 10 s.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return String::new() };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").is_err() {
+        return String::new();
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf
+}
+
 /// `ragtag status --json` of the node serving metrics on `metrics`.
 pub fn status_json(metrics: &str) -> serde_json::Value {
     let out =

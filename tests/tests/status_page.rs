@@ -6,7 +6,7 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use ragtag_tests::{free_port, node};
+use ragtag_tests::{free_port, http_get, node};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -30,16 +30,6 @@ fn chromium(bin: &PathBuf, args: &[&str], url: &str) -> std::process::Output {
 }
 
 /// The body of a plain HTTP/1.0 GET.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint accepts");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).expect("an answer");
-    buf
-}
-
 #[test]
 fn the_status_page_shows_the_peer_and_the_loss_chart_in_a_browser() {
     let Some(bin) = browser() else {

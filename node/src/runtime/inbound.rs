@@ -351,6 +351,15 @@ impl Node {
             Message::Update { announcement, payload } => self
                 .take_update(peer, announcement, payload)
                 .map_or(Message::Error(ErrorReply::BadRequest), |()| Message::Ack),
+            // Receipts for our updates, sent to us as their author.
+            Message::Receipts(records) if records.len() > MAX_RECEIPTS_PER_MESSAGE => {
+                self.reject(Some(peer), RejectReason::TooLarge, "a receipt batch");
+                Message::Error(ErrorReply::BadRequest)
+            }
+            Message::Receipts(records) => match self.on_receipts(peer, &records) {
+                MessageAcceptance::Accept => Message::Ack,
+                _ => Message::Error(ErrorReply::BadRequest),
+            },
             other => {
                 let kind = other.kind();
                 if kind != MessageKind::Error {

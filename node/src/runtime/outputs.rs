@@ -1,12 +1,12 @@
 //! Acting on the engine's outputs.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use ragtag_protocol::{
     Signed,
     engine::{EngineEvent, Output, inner_lr::LrChange, state_transfer, trust::StateRefusal},
-    ids::Hash32,
-    ledger::RecordKind,
+    ids::{Hash32, NodeId},
+    ledger::{RecordKind, SignedRecord},
     wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message, MessageKind},
 };
 
@@ -191,11 +191,14 @@ impl Node {
         }
     }
 
-    /// Appends pending records, flushes once, then gossips the receipts in
-    /// batches: nothing is announced before it is durable. One message per
-    /// flush instead of one per receipt: every node writes a receipt for
-    /// every update, so single receipts were most of the swarm's gossip
-    /// messages (N² a round) and filled peers' send queues.
+    /// Appends pending records, flushes once, then sends the receipts to
+    /// the authors of the updates they are about: nothing is announced
+    /// before it is durable. Only an update's author keeps a receipt (its
+    /// proof of credit), so a receipt goes to that author alone, by
+    /// request-response, in batches; gossiped, every node received every
+    /// receipt, N² a round per node (most of a 16-node aggregated swarm's
+    /// traffic, BENCHMARKS.md "Traffic per node"). An author we are not
+    /// connected to gets its receipts by gossip, as before.
     pub(crate) async fn flush_records(&mut self) {
         if self.pending_records.is_empty() {
             return;
@@ -207,11 +210,27 @@ impl Node {
         }
         self.ledger_records += records.len() as u64;
         self.metrics.ledger_records.inc_by(records.len() as u64);
-        let receipts: Vec<_> = records
-            .into_iter()
-            .filter(|r| r.decode_unverified().is_ok_and(|b| matches!(b.kind, RecordKind::Receipt { .. })))
-            .collect();
-        for batch in receipts.chunks(MAX_RECEIPTS_PER_MESSAGE) {
+        let mut by_author: BTreeMap<NodeId, Vec<SignedRecord>> = BTreeMap::new();
+        for r in records {
+            if let Ok(RecordKind::Receipt { update, .. }) = r.decode_unverified().map(|b| b.kind) {
+                by_author.entry(update.src).or_default().push(r);
+            }
+        }
+        let mut gossiped = Vec::new();
+        for (author, receipts) in by_author {
+            if author == self.me {
+                continue;
+            }
+            let direct = Self::peer_of(&author).is_some_and(|p| self.connected.contains(&p));
+            if !direct {
+                gossiped.extend(receipts);
+                continue;
+            }
+            for batch in receipts.chunks(MAX_RECEIPTS_PER_MESSAGE) {
+                self.send_to(&[author], Message::Receipts(batch.to_vec()));
+            }
+        }
+        for batch in gossiped.chunks(MAX_RECEIPTS_PER_MESSAGE) {
             self.gossip(&Message::Receipts(batch.to_vec())).await;
         }
     }

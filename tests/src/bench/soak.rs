@@ -59,16 +59,37 @@ fn connections(pid: u32) -> Option<usize> {
     Some(n)
 }
 
-struct Soaked {
-    child: Child,
-    stdout: mpsc::Receiver<String>,
-    stderr: mpsc::Receiver<String>,
+/// A node process of a benchmark, its output read continuously.
+pub(super) struct Soaked {
+    pub(super) child: Child,
+    pub(super) stdout: mpsc::Receiver<String>,
+    pub(super) stderr: mpsc::Receiver<String>,
 }
 
-fn spawn(ragtag: &Path, state: &Path, duration_s: u64, bootstrap: Option<&str>) -> std::io::Result<Soaked> {
+impl Soaked {
+    /// The address the node printed it listens on (within 30 s).
+    pub(super) fn listen_addr(&self) -> Option<String> {
+        self.stderr
+            .recv_timeout(Duration::from_secs(30))
+            .into_iter()
+            .chain(self.stderr.iter())
+            .find_map(|l| l.strip_prefix("listening on ").map(str::to_string))
+    }
+}
+
+/// Starts `ragtag run` for `duration_s` seconds, one rayon thread, warnings
+/// only; `extra` goes on its command line.
+pub(super) fn spawn(
+    ragtag: &Path,
+    state: &Path,
+    duration_s: u64,
+    bootstrap: Option<&str>,
+    extra: &[String],
+) -> std::io::Result<Soaked> {
     let mut cmd = Command::new(ragtag);
     cmd.args(["run", "--json", "--duration", &duration_s.to_string(), "--state"])
         .arg(state)
+        .args(extra)
         .env("RAYON_NUM_THREADS", "1")
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
@@ -100,22 +121,16 @@ pub fn run(ragtag: &Path, nodes: usize, duration_s: u64) -> Vec<Figure> {
     let fail = |why: String| vec![Figure::new("soak", "soak run", f64::NAN, "").with_note(why)];
     let dir = std::env::temp_dir().join(format!("ragtag-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let first = match spawn(ragtag, &dir.join("n0"), duration_s + 10, None) {
+    let first = match spawn(ragtag, &dir.join("n0"), duration_s + 10, None, &[]) {
         Ok(p) => p,
         Err(e) => return fail(format!("cannot start {}: {e}", ragtag.display())),
     };
-    let Some(addr) = first
-        .stderr
-        .recv_timeout(Duration::from_secs(30))
-        .into_iter()
-        .chain(first.stderr.iter())
-        .find_map(|l| l.strip_prefix("listening on ").map(str::to_string))
-    else {
+    let Some(addr) = first.listen_addr() else {
         return fail("the first node printed no address".into());
     };
     let mut procs = vec![first];
     for i in 1..nodes {
-        match spawn(ragtag, &dir.join(format!("n{i}")), duration_s, Some(&addr)) {
+        match spawn(ragtag, &dir.join(format!("n{i}")), duration_s, Some(&addr), &[]) {
             Ok(p) => procs.push(p),
             Err(e) => return fail(format!("cannot start node {i}: {e}")),
         }

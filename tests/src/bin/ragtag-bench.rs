@@ -12,7 +12,9 @@ use std::{fmt::Write as _, path::PathBuf};
 use anyhow::Result;
 use clap::Parser;
 use ragtag_protocol::engine::Strategy;
-use ragtag_tests::bench::{self, Figure, apply, ledger, machine, simulate, soak, suite, trainer, transfer, versus_ddp};
+use ragtag_tests::bench::{
+    self, Figure, apply, ledger, machine, simulate, soak, suite, traffic, trainer, transfer, versus_ddp,
+};
 
 #[global_allocator]
 static ALLOC: bench::CountingAllocator = bench::CountingAllocator;
@@ -32,7 +34,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Only these benchmarks, comma-separated (apply, ledger, transfer,
-    /// soak, trainer, simnet, versus-ddp; task-data only writes the
+    /// soak, traffic, trainer, simnet, versus-ddp; task-data only writes the
     /// generated files tests/tasks/*.toml read); prints instead of writing.
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
@@ -42,7 +44,10 @@ struct Args {
     /// Soak length in seconds (default: 600 full, 120 quick).
     #[arg(long)]
     soak_seconds: Option<u64>,
-    /// The node binary versus-ddp runs (default: target/release/ragtag).
+    /// Swarm sizes of the traffic benchmark (default: 4, 8, 16).
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 8, 16])]
+    traffic_nodes: Vec<usize>,
+    /// The node binary versus-ddp and traffic run (default: target/release/ragtag).
     #[arg(long)]
     ragtag: Option<PathBuf>,
     /// Each versus-ddp run's budget in seconds (default: 200 full, 120 quick).
@@ -150,6 +155,19 @@ fn main() -> Result<()> {
         section(
             &format!("Soak: 16 processes for {seconds} s"),
             "16 `ragtag run` processes of the built-in run on loopback (RAYON_NUM_THREADS=1, RUST_LOG=warn) on this 2-core machine. Memory must stay flat: the ratio compares the late figure with the early one.",
+            &f,
+            &mut md,
+        );
+    }
+    if wants("traffic") {
+        let ragtag = args.ragtag.clone().unwrap_or_else(|| repo.join("target/release/ragtag"));
+        let seconds = if full { 40 } else { 20 };
+        let f = traffic::run(&ragtag, &args.traffic_nodes, seconds);
+        section(
+            "Traffic per node as the swarm grows (real processes)",
+            &format!(
+                "`ragtag run` processes of the built-in run on loopback (RAYON_NUM_THREADS=1), manifests from `ragtag swarm new --tick-ms 1000` with and without `--aggregate 2`, so a round is a second. Each node's libp2p bandwidth counters (after noise and yamux, gossip forwarding included) read from its /metrics 20 s in and {seconds} s later. Goal (issue 26): per-node bytes per round that stay bounded as the swarm grows."
+            ),
             &f,
             &mut md,
         );

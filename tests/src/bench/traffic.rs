@@ -1,0 +1,173 @@
+//! Traffic per node as the swarm grows, in real processes: what each node
+//! sends and receives per round at N nodes with full dissemination (every
+//! update to every peer) and with aggregation (an update to its group's
+//! aggregators, one sum per group back). Both arms run ticks of one second,
+//! so a second is a round. The transport figure is libp2p's own count
+//! (after noise and yamux, gossip forwarding and duplicates included),
+//! read from each node's /metrics at two times of the steady run.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use super::{
+    Figure,
+    soak::{Soaked, spawn},
+};
+use crate::{free_port, http_get};
+
+/// Aggregation groups at every size: fixed, so a node receives the same
+/// number of sums a round however many nodes there are.
+const GROUPS: u32 = 2;
+/// Seconds before the first reading: start-up, joins, the gossip mesh.
+const WARM_S: u64 = 20;
+
+/// The two ways an update reaches the swarm.
+#[derive(Clone, Copy)]
+enum Arm {
+    Full,
+    Aggregated,
+}
+
+impl Arm {
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Full => "full dissemination",
+            Arm::Aggregated => "aggregated",
+        }
+    }
+}
+
+/// Sum of the counters in a Prometheus text answer whose name starts
+/// with `prefix`.
+fn counter_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// (transport bytes, message bytes), in and out, of one node now.
+fn reading(metrics: &str) -> Option<(f64, f64)> {
+    let text = http_get(metrics, "/metrics");
+    text.contains("libp2p_bandwidth")
+        .then(|| (counter_sum(&text, "libp2p_bandwidth_bytes"), counter_sum(&text, "ragtag_message_bytes_")))
+}
+
+/// A manifest of the built-in run with one-second ticks, aggregated or not.
+fn manifest(ragtag: &Path, dir: &Path, arm: Arm) -> Result<std::path::PathBuf, String> {
+    let mut cmd = Command::new(ragtag);
+    cmd.args(["swarm", "new", "--name", "traffic", "--lr", "0.001", "--tick-ms", "1000", "--out"]).arg(dir);
+    if let Arm::Aggregated = arm {
+        cmd.args(["--aggregate", &GROUPS.to_string()]);
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", ragtag.display()))?;
+    if !out.status.success() {
+        return Err(format!("swarm new: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(dir.join("manifest.toml"))
+}
+
+/// Per node: (transport, message) bytes a second; and the live nodes each
+/// heard in its last round.
+type Measured = (Vec<(f64, f64)>, Vec<f64>);
+
+/// What `measure_s` seconds of a swarm of `n` nodes moved.
+fn one(ragtag: &Path, n: usize, arm: Arm, measure_s: u64) -> Result<Measured, String> {
+    let dir = std::env::temp_dir().join(format!("ragtag-traffic-{}-{n}-{}", std::process::id(), arm as u8));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let m = manifest(ragtag, &dir, arm)?;
+    let duration = WARM_S + measure_s + 10;
+    let mut procs: Vec<(Soaked, String)> = Vec::new();
+    let mut bootstrap: Option<String> = None;
+    for i in 0..n {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let extra = vec!["--manifest".into(), m.display().to_string(), "--metrics".into(), metrics.clone()];
+        let p = spawn(ragtag, &dir.join(format!("n{i}")), duration, bootstrap.as_deref(), &extra)
+            .map_err(|e| format!("cannot start node {i}: {e}"))?;
+        if bootstrap.is_none() {
+            bootstrap = Some(p.listen_addr().ok_or("the first node printed no address")?);
+        }
+        procs.push((p, metrics));
+    }
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(WARM_S));
+    let first: Vec<Option<(f64, f64)>> = procs.iter().map(|(_, m)| reading(m)).collect();
+    let t1 = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(measure_s));
+    let second: Vec<Option<(f64, f64)>> = procs.iter().map(|(_, m)| reading(m)).collect();
+    let dt = start.elapsed().as_secs_f64() - t1;
+    let mut live = Vec::new();
+    for (p, _) in &mut procs {
+        let _ = p.child.wait();
+        let last = p
+            .stdout
+            .try_iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+            .filter(|e| e["event"] == "round")
+            .last();
+        if let Some(l) = last.and_then(|r| r["live"].as_f64()) {
+            live.push(l);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let rates: Vec<(f64, f64)> = first
+        .iter()
+        .zip(&second)
+        .filter_map(|(a, b)| Some(((b.as_ref()?.0 - a.as_ref()?.0) / dt, (b.as_ref()?.1 - a.as_ref()?.1) / dt)))
+        .collect();
+    if rates.len() < n {
+        return Err(format!("{} of {n} nodes answered on /metrics at both readings", rates.len()));
+    }
+    Ok((rates, live))
+}
+
+/// Runs each size in `sizes` with both arms for `measure_s` steady seconds.
+pub fn run(ragtag: &Path, sizes: &[usize], measure_s: u64) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    for arm in [Arm::Full, Arm::Aggregated] {
+        let mut base: Option<f64> = None;
+        for &n in sizes {
+            let name = format!("{n} nodes, {}: transport bytes per node per round (in + out)", arm.name());
+            match one(ragtag, n, arm, measure_s) {
+                Ok((rates, live)) => {
+                    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+                    let transport: Vec<f64> = rates.iter().map(|r| r.0).collect();
+                    let messages: Vec<f64> = rates.iter().map(|r| r.1).collect();
+                    let max = transport.iter().copied().fold(0.0, f64::max);
+                    let b = *base.get_or_insert(mean(&transport));
+                    figures.push(
+                        Figure::new("traffic", &name, mean(&transport), "B")
+                            .with_ratio(mean(&transport) / b.max(1e-9), &format!("x the {}-node figure", sizes[0]))
+                            .with_note(format!(
+                                "busiest node {max:.0} B; ragtag messages {:.0} B of it; live nodes heard in the last \
+                                 round {:.1} (mean)",
+                                mean(&messages),
+                                mean(&live)
+                            )),
+                    );
+                }
+                Err(why) => figures.push(Figure::new("traffic", &name, f64::NAN, "B").with_note(why)),
+            }
+        }
+    }
+    figures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_summed_by_prefix_and_comments_skipped() {
+        let text = "# HELP libp2p_bandwidth_bytes x\n\
+                    libp2p_bandwidth_bytes_total{protocols=\"/ip4/tcp\",direction=\"Inbound\"} 100\n\
+                    libp2p_bandwidth_bytes_total{protocols=\"/ip4/tcp\",direction=\"Outbound\"} 50\n\
+                    ragtag_message_bytes_in_total{kind=\"update\"} 7\n";
+        assert_eq!(counter_sum(text, "libp2p_bandwidth_bytes"), 150.0);
+        assert_eq!(counter_sum(text, "ragtag_message_bytes_"), 7.0);
+    }
+}
