@@ -1,7 +1,10 @@
 //! In a private swarm credit comes from members only: a member that
 //! gossips a receipt signed by a key outside the allowlist (to mint credit
 //! for someone with keys it made up) has it refused with reason
-//! `not_allowed`; a receipt signed by a member passes.
+//! `not_allowed`; a receipt signed by a member passes. The same holds for
+//! receipts sent straight to the node as an update's author (the path
+//! receipts take between connected nodes), and a batch over the size limit
+//! sent that way is refused as `too_large`.
 
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use ragtag_protocol::{
     ids::{Hash32, UpdateId},
     ledger::{LedgerWriter, ReceiptOutcome, RecordKind},
     manifest::Manifest,
-    wire::Message,
+    wire::{MAX_RECEIPTS_PER_MESSAGE, Message},
 };
 use ragtag_tests::{free_port, node, status_json};
 
@@ -73,8 +76,26 @@ fn receipts_signed_outside_the_allowlist_are_refused() {
         assert_eq!(before, 0, "a member's receipt was refused: {}", status_json(&metrics)["rejected"]);
         client.publish(Message::Receipts(vec![receipt(&outsider)]).encode()).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
+        let rejected = status_json(&metrics)["rejected"].clone();
+        assert_eq!(rejected["not_allowed"].as_u64(), Some(1), "the outsider's receipt was not refused: {rejected}");
+
+        // Sent straight to the node, by request-response.
+        let a_peer: libp2p::PeerId = addr.rsplit('/').next().unwrap().parse().unwrap();
+        let answer = client.request(a_peer, Message::Receipts(vec![receipt(&member)])).await.unwrap();
+        assert_eq!(answer, Message::Ack, "a member's receipt, sent directly, was not taken");
+        let answer = client.request(a_peer, Message::Receipts(vec![receipt(&outsider)])).await.unwrap();
+        assert!(matches!(answer, Message::Error(_)), "an outsider's receipt, sent directly, was taken: {answer:?}");
+        let over = vec![receipt(&member); MAX_RECEIPTS_PER_MESSAGE + 1];
+        let answer = client.request(a_peer, Message::Receipts(over)).await;
+        assert!(!matches!(answer, Ok(Message::Ack)), "a batch over the limit was taken: {answer:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await; // the status refreshes every second
         client.shutdown().await;
     });
     let rejected = status_json(&metrics)["rejected"].clone();
-    assert_eq!(rejected["not_allowed"].as_u64(), Some(1), "the outsider's receipt was not refused: {rejected}");
+    assert_eq!(
+        rejected["not_allowed"].as_u64(),
+        Some(2),
+        "the directly sent outsider's receipt was not refused: {rejected}"
+    );
+    assert_eq!(rejected["too_large"].as_u64(), Some(1), "the oversized batch was not refused as too_large: {rejected}");
 }

@@ -29,7 +29,6 @@ fn chromium(bin: &PathBuf, args: &[&str], url: &str) -> std::process::Output {
         .expect("chromium runs")
 }
 
-/// The body of a plain HTTP/1.0 GET.
 #[test]
 fn the_status_page_shows_the_peer_and_the_loss_chart_in_a_browser() {
     let Some(bin) = browser() else {
