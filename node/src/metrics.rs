@@ -92,12 +92,14 @@ pub struct NodeMetrics {
     pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
-    /// Quorum sums published, received and offers declined (aggregated dissemination).
+    /// Quorum sums published, received, applied late and offers declined (aggregated dissemination).
     pub sums: Family<OutcomeLabel, Counter>,
     /// Dials that failed (a peer gone, or unreachable).
     pub dial_failures: Counter,
     /// Estimated relative distance to peers' replicas.
     pub consensus_distance: Gauge<f64, AtomicU64>,
+    /// The same distance in rounds of our anchor's recent movement.
+    pub consensus_distance_rounds: Gauge<f64, AtomicU64>,
     /// The inner learning rate's scale of the manifest's rate.
     pub inner_lr_scale: Gauge<f64, AtomicU64>,
     /// Changes of the inner learning rate, by reason (plateau, spike).
@@ -141,6 +143,7 @@ impl NodeMetrics {
             sums: Family::default(),
             dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
+            consensus_distance_rounds: Gauge::default(),
             inner_lr_scale: Gauge::default(),
             inner_lr_changes: Family::default(),
             bytes_in_by_connection: Family::default(),
@@ -182,13 +185,18 @@ impl NodeMetrics {
         r.register("dial_failures", "Dials that failed", m.dial_failures.clone());
         r.register(
             "sums",
-            "Quorum sums published, received and offers declined (aggregated dissemination)",
+            "Quorum sums published, received, applied after their tick closed, and offers declined (aggregated dissemination)",
             m.sums.clone(),
         );
         r.register(
             "consensus_distance",
             "Estimated relative distance to a peer's replica",
             m.consensus_distance.clone(),
+        );
+        r.register(
+            "consensus_distance_rounds",
+            "The distance to a peer's replica in rounds of this anchor's recent movement",
+            m.consensus_distance_rounds.clone(),
         );
         r.register(
             "inner_lr_scale",

@@ -9,6 +9,8 @@ use libp2p::{
     swarm::{NetworkBehaviour, behaviour::toggle::Toggle},
 };
 
+use prometheus_client::metrics::family::Family;
+
 use super::{Config, KAD_PROTOCOL, PROTOCOL_VERSION, REQUEST_PROTOCOL, REQUEST_TIMEOUT, WireCodec};
 
 /// Every behaviour of a ragtag node.
@@ -64,10 +66,13 @@ const SEND_QUEUE: usize = 256;
 /// gossipsub's frame limit: every node of a run must use the same one.
 pub(crate) const GOSSIP_MAX_TRANSMIT: usize = 64 * 1024;
 
+/// Builds every behaviour; gossipsub's own counters (duplicates, control
+/// traffic, mesh) go into `registry`, under `gossipsub_`.
 pub(crate) fn build(
     key: &libp2p::identity::Keypair,
     relay_client: relay::client::Behaviour,
     cfg: &Config,
+    registry: &mut prometheus_client::registry::Registry,
 ) -> Result<NodeBehaviour, Box<dyn std::error::Error + Send + Sync>> {
     let peer_id = key.public().to_peer_id();
     let gs_config = gossipsub::ConfigBuilder::default()
@@ -78,7 +83,10 @@ pub(crate) fn build(
         .connection_handler_queue_len(SEND_QUEUE)
         .message_id_fn(message_id)
         .build()?;
-    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gs_config)?;
+    let mut metrics_config = gossipsub::MetricsConfig::default();
+    metrics_config.buckets_using_scoring_thresholds(&super::score::thresholds());
+    let mut gossipsub = gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gs_config)?
+        .with_metrics(registry.sub_registry_with_prefix("gossipsub"), metrics_config);
     let topic = IdentTopic::new(cfg.topic.clone());
     gossipsub.with_peer_score(super::score::params(topic.hash()), super::score::thresholds())?;
     gossipsub.subscribe(&topic)?;
@@ -101,8 +109,14 @@ pub(crate) fn build(
             // learn it now instead of at identify's next 5-minute interval.
             .with_push_listen_addr_updates(true),
     );
+    let rr_bytes = Family::default();
+    registry.sub_registry_with_prefix("ragtag").register(
+        "request_response_bytes",
+        "Bytes of request-response messages read and written, by kind and direction",
+        rr_bytes.clone(),
+    );
     let rr = request_response::Behaviour::with_codec(
-        WireCodec,
+        WireCodec::counting(rr_bytes),
         [(StreamProtocol::new(REQUEST_PROTOCOL), request_response::ProtocolSupport::Full)],
         request_response::Config::default().with_request_timeout(REQUEST_TIMEOUT).with_max_concurrent_streams(256),
     );

@@ -1,19 +1,49 @@
 //! The request-response codec: one ragtag wire message per stream, its
-//! size limit checked while reading, decoded without panicking.
+//! size limit checked while reading, decoded without panicking, its bytes
+//! counted by kind.
 
 use futures::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use libp2p::{StreamProtocol, request_response};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
 use ragtag_protocol::wire::{Message, MessageKind, max_message_len};
 
-/// Our wire messages over request-response.
+/// Which way a message went, and its kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabel {
+    /// The message kind, snake_case.
+    pub kind: String,
+    /// "in" or "out".
+    pub direction: &'static str,
+}
+
+/// Our wire messages over request-response. Counts the bytes of every
+/// message it reads or writes, by kind: requests and responses of every
+/// kind pass here, so the counts say what of a node's transport traffic
+/// is ours.
 #[derive(Debug, Clone, Default)]
-pub struct WireCodec;
+pub struct WireCodec {
+    bytes: Family<StreamLabel, Counter>,
+}
+
+impl WireCodec {
+    /// A codec whose byte counts are `bytes`.
+    pub fn counting(bytes: Family<StreamLabel, Counter>) -> Self {
+        Self { bytes }
+    }
+
+    fn count(&self, m: &Message, direction: &'static str, n: usize) {
+        self.bytes.get_or_create(&StreamLabel { kind: m.kind().name().into(), direction }).inc_by(n as u64);
+    }
+}
 
 /// Reads one message: its first two bytes name its kind, which sets the
 /// limit for the rest (checked while reading) and, for the kinds that
 /// carry chunks of a large object, a buffer allocated whole at once
 /// instead of doubling through the read.
-async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Result<Message> {
+async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Result<(Message, usize)> {
     let mut head = [0u8; 2];
     let mut got = 0;
     while got < head.len() {
@@ -36,12 +66,28 @@ async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Resul
     if buf.len() as u64 > limit {
         return Err(std::io::Error::other(format!("message over the {limit}-byte limit")));
     }
-    Message::decode(&buf).map_err(std::io::Error::other)
+    Ok((Message::decode(&buf).map_err(std::io::Error::other)?, buf.len()))
 }
 
-async fn write_message<T: AsyncWrite + Unpin + Send>(io: &mut T, m: &Message) -> std::io::Result<()> {
-    io.write_all(&m.encode()).await?;
-    io.close().await
+async fn write_message<T: AsyncWrite + Unpin + Send>(io: &mut T, m: &Message) -> std::io::Result<usize> {
+    let bytes = m.encode();
+    io.write_all(&bytes).await?;
+    io.close().await?;
+    Ok(bytes.len())
+}
+
+impl WireCodec {
+    async fn read<T: AsyncRead + Unpin + Send>(&self, io: &mut T) -> std::io::Result<Message> {
+        let (m, n) = read_message(io).await?;
+        self.count(&m, "in", n);
+        Ok(m)
+    }
+
+    async fn write<T: AsyncWrite + Unpin + Send>(&self, io: &mut T, m: Message) -> std::io::Result<()> {
+        let n = write_message(io, &m).await?;
+        self.count(&m, "out", n);
+        Ok(())
+    }
 }
 
 impl request_response::Codec for WireCodec {
@@ -53,28 +99,28 @@ impl request_response::Codec for WireCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
-        read_message(io).await
+        self.read(io).await
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> std::io::Result<Message>
     where
         T: AsyncRead + Unpin + Send,
     {
-        read_message(io).await
+        self.read(io).await
     }
 
     async fn write_request<T>(&mut self, _: &StreamProtocol, io: &mut T, req: Message) -> std::io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
-        write_message(io, &req).await
+        self.write(io, req).await
     }
 
     async fn write_response<T>(&mut self, _: &StreamProtocol, io: &mut T, res: Message) -> std::io::Result<()>
     where
         T: AsyncWrite + Unpin + Send,
     {
-        write_message(io, &res).await
+        self.write(io, res).await
     }
 }
 
@@ -90,7 +136,7 @@ mod tests {
     fn round_trip_and_limits() {
         futures::executor::block_on(async {
             let proto = StreamProtocol::new("/t");
-            let mut c = WireCodec;
+            let mut c = WireCodec::default();
             let m = Message::ManifestRequest(RunId::default());
             let mut out = Vec::new();
             c.write_request(&proto, &mut out, m.clone()).await.unwrap();
@@ -104,13 +150,34 @@ mod tests {
         });
     }
 
+    /// Every message read or written is counted, by kind and direction,
+    /// with its encoded length; a message refused while reading is not.
+    #[test]
+    fn bytes_are_counted_by_kind_and_direction() {
+        futures::executor::block_on(async {
+            let proto = StreamProtocol::new("/t");
+            let bytes = Family::default();
+            let mut c = WireCodec::counting(bytes.clone());
+            let m = Message::ManifestRequest(RunId::default());
+            let len = m.encode().len() as u64;
+            let mut out = Vec::new();
+            c.write_request(&proto, &mut out, m.clone()).await.unwrap();
+            c.read_response(&proto, &mut Cursor::new(out)).await.unwrap();
+            let count =
+                |direction| bytes.get_or_create(&StreamLabel { kind: "manifest_request".into(), direction }).get();
+            assert_eq!((count("out"), count("in")), (len, len));
+            assert!(c.read_request(&proto, &mut Cursor::new(vec![7u8; 40])).await.is_err());
+            assert_eq!(count("in"), len, "a refused message counts nothing");
+        });
+    }
+
     /// The kind's own limit applies while reading: a small kind padded far
     /// past it is cut off at its limit, not at the largest kind's.
     #[test]
     fn a_kind_is_held_to_its_own_limit_and_a_full_chunk_reads_whole() {
         futures::executor::block_on(async {
             let proto = StreamProtocol::new("/t");
-            let mut c = WireCodec;
+            let mut c = WireCodec::default();
             let mut have = vec![1u8, MessageKind::Have as u8];
             have.resize(MessageKind::Have.max_len() + 1, 0);
             let err = c.read_request(&proto, &mut Cursor::new(have)).await.unwrap_err();

@@ -8,7 +8,8 @@ use super::{Config, IDLE_TIMEOUT, NodeBehaviour, behaviour};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Builds the swarm for `cfg`, registering libp2p's bandwidth metrics.
+/// Builds the swarm for `cfg`, registering libp2p's bandwidth metrics and
+/// gossipsub's.
 pub(crate) fn build_swarm(
     cfg: &Config,
     registry: &mut prometheus_client::registry::Registry,
@@ -30,7 +31,7 @@ pub(crate) fn build_swarm(
             })?
             .with_relay_client(noise::Config::new, yamux::Config::default)?
             .with_bandwidth_metrics(registry)
-            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg))?
+            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg, registry))?
             .with_swarm_config(swarm_config)
             .build(),
         None if cfg.quic => SwarmBuilder::with_existing_identity(cfg.keypair.clone())
@@ -39,7 +40,7 @@ pub(crate) fn build_swarm(
             .with_quic()
             .with_relay_client(noise::Config::new, yamux::Config::default)?
             .with_bandwidth_metrics(registry)
-            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg))?
+            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg, registry))?
             .with_swarm_config(swarm_config)
             .build(),
         None => SwarmBuilder::with_existing_identity(cfg.keypair.clone())
@@ -47,7 +48,7 @@ pub(crate) fn build_swarm(
             .with_tcp(tcp_config, noise::Config::new, yamux::Config::default)?
             .with_relay_client(noise::Config::new, yamux::Config::default)?
             .with_bandwidth_metrics(registry)
-            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg))?
+            .with_behaviour(move |key, relay| behaviour::build(key, relay, &behaviour_cfg, registry))?
             .with_swarm_config(swarm_config)
             .build(),
     };

@@ -159,9 +159,12 @@ impl Node {
             EngineEvent::AnchorAverageSkipped { peer } => {
                 tracing::debug!("{peer:?}'s anchor arrived after the sets moved on: not averaged");
             }
-            EngineEvent::ConsensusDistance { peer, distance } => {
+            EngineEvent::ConsensusDistance { peer, distance, rounds } => {
                 self.metrics.consensus_distance.set(distance as f64);
-                tracing::debug!("consensus distance to {peer:?}: {distance:.2e}");
+                if let Some(r) = rounds {
+                    self.metrics.consensus_distance_rounds.set(r as f64);
+                }
+                tracing::debug!("consensus distance to {peer:?}: {distance:.2e} ({rounds:?} rounds of movement)");
             }
             EngineEvent::PeerJoined(p) => tracing::info!("{p:?} joined the run ({} live)", self.engine.live_nodes()),
             EngineEvent::PeerLeft(p) => tracing::info!("{p:?} left the run ({} live)", self.engine.live_nodes()),
@@ -172,6 +175,7 @@ impl Node {
                 tracing::debug!("aggregate of tick {key} group {group} from {from:?} refused: {reason}");
             }
             EngineEvent::LateAggregate { key, group, applied_in } => {
+                self.metrics.sums.get_or_create(&crate::metrics::OutcomeLabel { outcome: "late".into() }).inc();
                 tracing::debug!("sum of tick {key} group {group} arrived late: applied in {applied_in}");
             }
             EngineEvent::AggregateMissed { key, group } => {

@@ -126,7 +126,8 @@ impl Engine {
         let Some(distance) = relative_distance(&anchor_sketch(&self.anchor), &digest.sketch) else {
             return;
         };
-        self.event(EngineEvent::ConsensusDistance { peer: from, distance });
+        let rounds = self.movement.median().map(|m| distance * trust::norm(&self.anchor) / m);
+        self.event(EngineEvent::ConsensusDistance { peer: from, distance, rounds });
         let same_set = missing.is_empty() && mine.missing_from(&digest.applied).is_empty();
         if same_set {
             // Only replicas over the same updates compare meaningfully.
@@ -481,6 +482,11 @@ mod tests {
         assert_eq!(refusal(&out), None);
         let moved = trust::distance(e.anchor(), &[1.0; 8]);
         assert!((moved - MAX_ANCHOR_STEP_ROUNDS).abs() < 1e-4, "moved {moved}");
+        let rounds = out.iter().find_map(|o| match o {
+            Output::Event(EngineEvent::ConsensusDistance { rounds, .. }) => *rounds,
+            _ => None,
+        });
+        assert!(rounds.is_some_and(|r| (r - 1.5).abs() < 1e-3), "the distance in rounds of movement: {rounds:?}");
         // Before our replica has moved there is no scale: refused.
         let (e, out) = engine_offered(vec![1.5; 8], peer, None);
         assert_eq!(refusal(&out), Some(StateRefusal::NoBaseline));

@@ -120,6 +120,9 @@ pub enum EngineEvent {
         peer: NodeId,
         /// `||x_me - x_peer|| / ||x_me||`, estimated from sketches.
         distance: f32,
+        /// The same distance in rounds of our anchor's recent movement
+        /// (`None` before any round moved it).
+        rounds: Option<f32>,
     },
     /// Anchors were averaged with a peer's (anti-entropy repair).
     AnchorsAveraged {

@@ -4,7 +4,10 @@
 //! aggregators, one sum per group back). Both arms run ticks of one second,
 //! so a second is a round. The transport figure is libp2p's own count
 //! (after noise and yamux, gossip forwarding and duplicates included),
-//! read from each node's /metrics at two times of the steady run.
+//! read from each node's /metrics at two times of the steady run; beside
+//! it, what of it is gossip messages (gossipsub's count, duplicates
+//! included) and request-response messages (the codec's count, by kind),
+//! and of those, anti-entropy's.
 
 use std::{
     path::Path,
@@ -41,19 +44,58 @@ impl Arm {
 }
 
 /// Sum of the counters in a Prometheus text answer whose name starts
-/// with `prefix`.
-fn counter_sum(text: &str, prefix: &str) -> f64 {
+/// with `prefix` and whose line contains every one of `labels`.
+fn counter_sum(text: &str, prefix: &str, labels: &[&str]) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with(prefix))
+        .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
         .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
         .sum()
 }
 
-/// (transport bytes, message bytes), in and out, of one node now.
-fn reading(metrics: &str) -> Option<(f64, f64)> {
-    let text = http_get(metrics, "/metrics");
-    text.contains("libp2p_bandwidth")
-        .then(|| (counter_sum(&text, "libp2p_bandwidth_bytes"), counter_sum(&text, "ragtag_message_bytes_")))
+/// The request-response kinds of anti-entropy: digests, and the replica
+/// states fetched after them.
+const ANTI_ENTROPY_KINDS: [&str; 3] = ["kind=\"digest\"", "kind=\"state_request\"", "kind=\"state_chunk\""];
+
+/// One node's byte counters, in + out, at one time.
+#[derive(Clone, Copy, Default)]
+struct Reading {
+    /// libp2p's transport count (after noise and yamux).
+    transport: f64,
+    /// Gossip messages as gossipsub counts them, every duplicate included
+    /// (control messages not).
+    gossip: f64,
+    /// Request-response messages of every kind.
+    request_response: f64,
+    /// Of those, anti-entropy's.
+    anti_entropy: f64,
+}
+
+impl Reading {
+    fn of(text: &str) -> Option<Self> {
+        let rr = "ragtag_request_response_bytes";
+        text.contains("libp2p_bandwidth").then(|| Reading {
+            transport: counter_sum(text, "libp2p_bandwidth_bytes", &[]),
+            gossip: counter_sum(text, "gossipsub_topic_msg_sent_bytes", &[])
+                + counter_sum(text, "gossipsub_topic_msg_recv_bytes_unfiltered", &[]),
+            request_response: counter_sum(text, rr, &[]),
+            anti_entropy: ANTI_ENTROPY_KINDS.iter().map(|k| counter_sum(text, rr, &[k])).sum(),
+        })
+    }
+
+    /// What moved between `self` and `later`, per second over `dt`.
+    fn rate(&self, later: &Reading, dt: f64) -> Reading {
+        Reading {
+            transport: (later.transport - self.transport) / dt,
+            gossip: (later.gossip - self.gossip) / dt,
+            request_response: (later.request_response - self.request_response) / dt,
+            anti_entropy: (later.anti_entropy - self.anti_entropy) / dt,
+        }
+    }
+}
+
+/// One node's counters now.
+fn reading(metrics: &str) -> Option<Reading> {
+    Reading::of(&http_get(metrics, "/metrics"))
 }
 
 /// A manifest of the built-in run with one-second ticks, aggregated or not.
@@ -70,9 +112,9 @@ fn manifest(ragtag: &Path, dir: &Path, arm: Arm) -> Result<std::path::PathBuf, S
     Ok(dir.join("manifest.toml"))
 }
 
-/// Per node: (transport, message) bytes a second; and the live nodes each
-/// heard in its last round.
-type Measured = (Vec<(f64, f64)>, Vec<f64>);
+/// Per node: bytes a second; and the live nodes each heard in its last
+/// round.
+type Measured = (Vec<Reading>, Vec<f64>);
 
 /// What `measure_s` seconds of a swarm of `n` nodes moved.
 fn one(ragtag: &Path, n: usize, arm: Arm, measure_s: u64) -> Result<Measured, String> {
@@ -95,10 +137,10 @@ fn one(ragtag: &Path, n: usize, arm: Arm, measure_s: u64) -> Result<Measured, St
     }
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(WARM_S));
-    let first: Vec<Option<(f64, f64)>> = procs.iter().map(|(_, m)| reading(m)).collect();
+    let first: Vec<Option<Reading>> = procs.iter().map(|(_, m)| reading(m)).collect();
     let t1 = start.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(measure_s));
-    let second: Vec<Option<(f64, f64)>> = procs.iter().map(|(_, m)| reading(m)).collect();
+    let second: Vec<Option<Reading>> = procs.iter().map(|(_, m)| reading(m)).collect();
     let dt = start.elapsed().as_secs_f64() - t1;
     let mut live = Vec::new();
     for (p, _) in &mut procs {
@@ -114,11 +156,8 @@ fn one(ragtag: &Path, n: usize, arm: Arm, measure_s: u64) -> Result<Measured, St
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let rates: Vec<(f64, f64)> = first
-        .iter()
-        .zip(&second)
-        .filter_map(|(a, b)| Some(((b.as_ref()?.0 - a.as_ref()?.0) / dt, (b.as_ref()?.1 - a.as_ref()?.1) / dt)))
-        .collect();
+    let rates: Vec<Reading> =
+        first.iter().zip(&second).filter_map(|(a, b)| Some(a.as_ref()?.rate(b.as_ref()?, dt))).collect();
     if rates.len() < n {
         return Err(format!("{} of {n} nodes answered on /metrics at both readings", rates.len()));
     }
@@ -135,17 +174,20 @@ pub fn run(ragtag: &Path, sizes: &[usize], measure_s: u64) -> Vec<Figure> {
             match one(ragtag, n, arm, measure_s) {
                 Ok((rates, live)) => {
                     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-                    let transport: Vec<f64> = rates.iter().map(|r| r.0).collect();
-                    let messages: Vec<f64> = rates.iter().map(|r| r.1).collect();
+                    let of = |f: fn(&Reading) -> f64| mean(&rates.iter().map(f).collect::<Vec<_>>());
+                    let transport: Vec<f64> = rates.iter().map(|r| r.transport).collect();
                     let max = transport.iter().copied().fold(0.0, f64::max);
                     let b = *base.get_or_insert(mean(&transport));
                     figures.push(
                         Figure::new("traffic", &name, mean(&transport), "B")
                             .with_ratio(mean(&transport) / b.max(1e-9), &format!("x the {}-node figure", sizes[0]))
                             .with_note(format!(
-                                "busiest node {max:.0} B; ragtag messages {:.0} B of it; live nodes heard in the last \
+                                "busiest node {max:.0} B; of the mean: gossip messages {:.0} B (duplicates included), \
+                                 request-response {:.0} B, of which anti-entropy {:.0} B; live nodes heard in the last \
                                  round {:.1} (mean)",
-                                mean(&messages),
+                                of(|r| r.gossip),
+                                of(|r| r.request_response),
+                                of(|r| r.anti_entropy),
                                 mean(&live)
                             )),
                     );
@@ -162,12 +204,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_are_summed_by_prefix_and_comments_skipped() {
+    fn a_reading_splits_transport_into_gossip_and_request_response() {
         let text = "# HELP libp2p_bandwidth_bytes x\n\
                     libp2p_bandwidth_bytes_total{protocols=\"/ip4/tcp\",direction=\"Inbound\"} 100\n\
                     libp2p_bandwidth_bytes_total{protocols=\"/ip4/tcp\",direction=\"Outbound\"} 50\n\
-                    ragtag_message_bytes_in_total{kind=\"update\"} 7\n";
-        assert_eq!(counter_sum(text, "libp2p_bandwidth_bytes"), 150.0);
-        assert_eq!(counter_sum(text, "ragtag_message_bytes_"), 7.0);
+                    gossipsub_topic_msg_sent_bytes_total{partial=\"false\",topic_hash=\"t\"} 11\n\
+                    gossipsub_topic_msg_recv_bytes_unfiltered_total{hash=\"t\"} 13\n\
+                    gossipsub_topic_msg_recv_bytes_total{hash=\"t\"} 5\n\
+                    ragtag_request_response_bytes_total{kind=\"update\",direction=\"in\"} 7\n\
+                    ragtag_request_response_bytes_total{kind=\"state_chunk\",direction=\"in\"} 20\n\
+                    ragtag_request_response_bytes_total{kind=\"digest\",direction=\"out\"} 3\n";
+        let r = Reading::of(text).unwrap();
+        assert_eq!(r.transport, 150.0);
+        assert_eq!(r.gossip, 24.0, "sent and received with duplicates, not the deduplicated count");
+        assert_eq!(r.request_response, 30.0);
+        assert_eq!(r.anti_entropy, 23.0);
+        assert!(Reading::of("ragtag_up 1").is_none(), "no transport counters: no reading");
     }
 }
