@@ -14,7 +14,7 @@ use ragtag_protocol::wire::{Message, MessageKind, max_message_len};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamLabel {
     /// The message kind, snake_case.
-    pub kind: String,
+    pub kind: &'static str,
     /// "in" or "out".
     pub direction: &'static str,
 }
@@ -35,7 +35,7 @@ impl WireCodec {
     }
 
     fn count(&self, m: &Message, direction: &'static str, n: usize) {
-        self.bytes.get_or_create(&StreamLabel { kind: m.kind().name().into(), direction }).inc_by(n as u64);
+        self.bytes.get_or_create(&StreamLabel { kind: m.kind().name(), direction }).inc_by(n as u64);
     }
 }
 
@@ -163,8 +163,7 @@ mod tests {
             let mut out = Vec::new();
             c.write_request(&proto, &mut out, m.clone()).await.unwrap();
             c.read_response(&proto, &mut Cursor::new(out)).await.unwrap();
-            let count =
-                |direction| bytes.get_or_create(&StreamLabel { kind: "manifest_request".into(), direction }).get();
+            let count = |direction| bytes.get_or_create(&StreamLabel { kind: "manifest_request", direction }).get();
             assert_eq!((count("out"), count("in")), (len, len));
             assert!(c.read_request(&proto, &mut Cursor::new(vec![7u8; 40])).await.is_err());
             assert_eq!(count("in"), len, "a refused message counts nothing");

@@ -68,6 +68,9 @@ struct Reading {
     request_response: f64,
     /// Of those, anti-entropy's.
     anti_entropy: f64,
+    /// Anchors averaged with a peer's: replicas over the same updates
+    /// that differ (identical replicas never average).
+    averages: f64,
 }
 
 impl Reading {
@@ -79,6 +82,7 @@ impl Reading {
                 + counter_sum(text, "gossipsub_topic_msg_recv_bytes_unfiltered", &[]),
             request_response: counter_sum(text, rr, &[]),
             anti_entropy: ANTI_ENTROPY_KINDS.iter().map(|k| counter_sum(text, rr, &[k])).sum(),
+            averages: counter_sum(text, "ragtag_anchors_averaged_total", &[]),
         })
     }
 
@@ -89,6 +93,7 @@ impl Reading {
             gossip: (later.gossip - self.gossip) / dt,
             request_response: (later.request_response - self.request_response) / dt,
             anti_entropy: (later.anti_entropy - self.anti_entropy) / dt,
+            averages: (later.averages - self.averages) / dt,
         }
     }
 }
@@ -183,11 +188,12 @@ pub fn run(ragtag: &Path, sizes: &[usize], measure_s: u64) -> Vec<Figure> {
                             .with_ratio(mean(&transport) / b.max(1e-9), &format!("x the {}-node figure", sizes[0]))
                             .with_note(format!(
                                 "busiest node {max:.0} B; of the mean: gossip messages {:.0} B (duplicates included), \
-                                 request-response {:.0} B, of which anti-entropy {:.0} B; live nodes heard in the last \
-                                 round {:.1} (mean)",
+                                 request-response {:.0} B, of which anti-entropy {:.0} B; anchors averaged per node \
+                                 per round {:.2}; live nodes heard in the last round {:.1} (mean)",
                                 of(|r| r.gossip),
                                 of(|r| r.request_response),
                                 of(|r| r.anti_entropy),
+                                of(|r| r.averages),
                                 mean(&live)
                             )),
                     );
@@ -213,12 +219,14 @@ mod tests {
                     gossipsub_topic_msg_recv_bytes_total{hash=\"t\"} 5\n\
                     ragtag_request_response_bytes_total{kind=\"update\",direction=\"in\"} 7\n\
                     ragtag_request_response_bytes_total{kind=\"state_chunk\",direction=\"in\"} 20\n\
-                    ragtag_request_response_bytes_total{kind=\"digest\",direction=\"out\"} 3\n";
+                    ragtag_request_response_bytes_total{kind=\"digest\",direction=\"out\"} 3\n\
+                    ragtag_anchors_averaged_total 2\n";
         let r = Reading::of(text).unwrap();
         assert_eq!(r.transport, 150.0);
         assert_eq!(r.gossip, 24.0, "sent and received with duplicates, not the deduplicated count");
         assert_eq!(r.request_response, 30.0);
         assert_eq!(r.anti_entropy, 23.0);
+        assert_eq!(r.averages, 2.0);
         assert!(Reading::of("ragtag_up 1").is_none(), "no transport counters: no reading");
     }
 }
