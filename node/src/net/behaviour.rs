@@ -8,7 +8,6 @@ use libp2p::{
     identify, kad, mdns, ping, relay, request_response,
     swarm::{NetworkBehaviour, behaviour::toggle::Toggle},
 };
-
 use prometheus_client::metrics::family::Family;
 
 use super::{Config, KAD_PROTOCOL, PROTOCOL_VERSION, REQUEST_PROTOCOL, REQUEST_TIMEOUT, WireCodec};

@@ -37,6 +37,18 @@ impl WireCodec {
     fn count(&self, m: &Message, direction: &'static str, n: usize) {
         self.bytes.get_or_create(&StreamLabel { kind: m.kind().name(), direction }).inc_by(n as u64);
     }
+
+    async fn read<T: AsyncRead + Unpin + Send>(&self, io: &mut T) -> std::io::Result<Message> {
+        let (m, n) = read_message(io).await?;
+        self.count(&m, "in", n);
+        Ok(m)
+    }
+
+    async fn write<T: AsyncWrite + Unpin + Send>(&self, io: &mut T, m: Message) -> std::io::Result<()> {
+        let n = write_message(io, &m).await?;
+        self.count(&m, "out", n);
+        Ok(())
+    }
 }
 
 /// Reads one message: its first two bytes name its kind, which sets the
@@ -74,20 +86,6 @@ async fn write_message<T: AsyncWrite + Unpin + Send>(io: &mut T, m: &Message) ->
     io.write_all(&bytes).await?;
     io.close().await?;
     Ok(bytes.len())
-}
-
-impl WireCodec {
-    async fn read<T: AsyncRead + Unpin + Send>(&self, io: &mut T) -> std::io::Result<Message> {
-        let (m, n) = read_message(io).await?;
-        self.count(&m, "in", n);
-        Ok(m)
-    }
-
-    async fn write<T: AsyncWrite + Unpin + Send>(&self, io: &mut T, m: Message) -> std::io::Result<()> {
-        let n = write_message(io, &m).await?;
-        self.count(&m, "out", n);
-        Ok(())
-    }
 }
 
 impl request_response::Codec for WireCodec {

@@ -15,6 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ragtag_protocol::wire::MessageKind;
+
 use super::{
     Figure,
     soak::{Soaked, spawn},
@@ -54,7 +56,7 @@ fn counter_sum(text: &str, prefix: &str, labels: &[&str]) -> f64 {
 
 /// The request-response kinds of anti-entropy: digests, and the replica
 /// states fetched after them.
-const ANTI_ENTROPY_KINDS: [&str; 3] = ["kind=\"digest\"", "kind=\"state_request\"", "kind=\"state_chunk\""];
+const ANTI_ENTROPY_KINDS: [MessageKind; 3] = [MessageKind::Digest, MessageKind::StateRequest, MessageKind::StateChunk];
 
 /// One node's byte counters, in + out, at one time.
 #[derive(Clone, Copy, Default)]
@@ -81,7 +83,10 @@ impl Reading {
             gossip: counter_sum(text, "gossipsub_topic_msg_sent_bytes", &[])
                 + counter_sum(text, "gossipsub_topic_msg_recv_bytes_unfiltered", &[]),
             request_response: counter_sum(text, rr, &[]),
-            anti_entropy: ANTI_ENTROPY_KINDS.iter().map(|k| counter_sum(text, rr, &[k])).sum(),
+            anti_entropy: ANTI_ENTROPY_KINDS
+                .iter()
+                .map(|k| counter_sum(text, rr, &[&format!("kind=\"{}\"", k.name())]))
+                .sum(),
             averages: counter_sum(text, "ragtag_anchors_averaged_total", &[]),
         })
     }
