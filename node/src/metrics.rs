@@ -92,7 +92,7 @@ pub struct NodeMetrics {
     pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
-    /// Quorum sums published, received, applied late and offers declined (aggregated dissemination).
+    /// Quorum sums published, received, put back into their tick or applied late, and offers declined (aggregated dissemination).
     pub sums: Family<OutcomeLabel, Counter>,
     /// Dials that failed (a peer gone, or unreachable).
     pub dial_failures: Counter,

@@ -178,6 +178,12 @@ impl Node {
                 self.metrics.sums.get_or_create(&crate::metrics::OutcomeLabel { outcome: "late".into() }).inc();
                 tracing::debug!("sum of tick {key} group {group} arrived late: applied in {applied_in}");
             }
+            EngineEvent::AggregateReplayed { key, group, ticks } => {
+                self.metrics.sums.get_or_create(&crate::metrics::OutcomeLabel { outcome: "replayed".into() }).inc();
+                tracing::debug!(
+                    "sum of tick {key} group {group} arrived late: put back into its tick, {ticks} recomputed"
+                );
+            }
             EngineEvent::AggregateMissed { key, group } => {
                 tracing::debug!("no quorum sum for tick {key} group {group}");
             }

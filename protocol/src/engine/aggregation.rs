@@ -11,6 +11,10 @@
 
 mod apply;
 mod intake;
+mod replay;
+
+#[cfg(test)]
+pub(super) use replay::REPLAY_TICKS as REPLAY_TICKS_FOR_TESTS;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -94,6 +98,8 @@ pub(super) struct AggregationState {
     applied: BTreeSet<GroupKey>,
     /// When this node must sum a group it is designated for.
     pub(super) wake_at: Option<Micros>,
+    /// The last closed ticks and the state before them, for late sums.
+    pub(super) replay: replay::ReplayLog,
 }
 
 impl AggregationState {

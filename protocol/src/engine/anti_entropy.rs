@@ -133,7 +133,12 @@ impl Engine {
             // Only replicas over the same updates compare meaningfully.
             self.repairing = distance > self.cfg.anti_entropy.distance_threshold;
         }
-        if same_set && distance > self.cfg.anti_entropy.distance_threshold && self.anchor_fetch.is_none() {
+        // Beyond the threshold the replicas average (far ones, a healed
+        // partition, with a voucher); within it, near ones are made one
+        // (`take_whole`), so that midpoints do not leave them apart for good.
+        let near = rounds.is_some_and(|r| r <= MAX_ANCHOR_STEP_ROUNDS);
+        let wanted = distance > self.cfg.anti_entropy.distance_threshold || (near && distance > 0.0);
+        if same_set && wanted && self.anchor_fetch.is_none() {
             // Refused before fetching: a state we would not use is not
             // worth its bytes.
             if let Err(reason) = self.may_average_with(&from) {
@@ -247,6 +252,19 @@ impl Engine {
     /// most half its own norm (the buffer: the momentum's and its own).
     /// Unbounded (`None`: vouched for by a second peer): the plain average.
     fn blend(&mut self, from: NodeId, state: &ReplicaState, anchor_bound: Option<f32>) {
+        let close = relative_distance(&self.anchor, &state.anchor)
+            .is_some_and(|d| d <= self.cfg.anti_entropy.distance_threshold);
+        if close && anchor_bound.is_some_and(|b| self.within_whole_bounds(state, b)) {
+            if self.peer_replica_wins(from, state) {
+                self.take_whole(state);
+                self.averaged_with(from, state);
+            } else {
+                self.event(EngineEvent::AnchorAverageSkipped { peer: from });
+            }
+            return;
+        }
+        // The closed ticks cannot be recomputed past an average.
+        self.aggregation.replay.clear();
         let anchor = Arc::make_mut(&mut self.anchor);
         trust::bounded_blend(anchor, &state.anchor, 0.5, anchor_bound);
         let outer_bound = |norm: f32| anchor_bound.map(|_| 0.5 * norm);
@@ -272,6 +290,56 @@ impl Engine {
             let ahead = state.outer.outer_rounds.min(self.outer.outer_rounds + MAX_OUTER_ROUNDS_AHEAD);
             self.outer.outer_rounds = self.outer.outer_rounds.max(ahead);
         }
+        self.averaged_with(from, state);
+    }
+
+    /// Whether a near replica can be taken whole: every part of it lies
+    /// within the bounds a midpoint would move by (one peer's word moves us
+    /// no further either way).
+    fn within_whole_bounds(&self, state: &ReplicaState, anchor_bound: f32) -> bool {
+        let (ours, theirs) = (&self.outer, &state.outer);
+        let momentum = trust::norm(&ours.momentum);
+        let within = |a: &[f32], b: &[f32], bound: f32| trust::distance(a, b) <= bound;
+        let inner_lr_ok =
+            self.inner_lr == state.inner_lr || self.inner_lr.clone().adopt(&state.inner_lr, &self.cfg.inner_lr, true);
+        theirs.fits(self.cfg.outer.kind, self.anchor.len())
+            && within(&self.anchor, &state.anchor, anchor_bound)
+            && within(&ours.momentum, &theirs.momentum, 0.5 * momentum)
+            && within(&ours.second_moment, &theirs.second_moment, 0.5 * trust::norm(&ours.second_moment))
+            && within(&ours.buffer, &theirs.buffer, momentum + trust::norm(&ours.buffer))
+            && theirs.count <= self.cfg.membership.max_peers
+            && theirs.outer_rounds <= ours.outer_rounds + MAX_OUTER_ROUNDS_AHEAD
+            && inner_lr_ok
+    }
+
+    /// Which of two replicas within the threshold, over the same updates,
+    /// both keep: the one
+    /// that applied updates the other only gave up (it missed their sum),
+    /// else the lower id's. Both sides decide alike, so the pair ends as one.
+    fn peer_replica_wins(&self, from: NodeId, state: &ReplicaState) -> bool {
+        let theirs_only = !state.applied.missing_from(&self.applied).is_empty();
+        let ours_only = !self.applied.missing_from(&state.applied).is_empty();
+        match (theirs_only, ours_only) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => from < self.me,
+        }
+    }
+
+    /// Takes a replica within the threshold whole (anchor, outer state,
+    /// inner-rate schedule), where a midpoint would leave the two apart for
+    /// good. Beyond it, midpoints: two replicas that missed different sums
+    /// average out their errors, where one kept whole keeps its own.
+    fn take_whole(&mut self, state: &ReplicaState) {
+        // The closed ticks cannot be recomputed past it.
+        self.aggregation.replay.clear();
+        self.anchor = Arc::new(state.anchor.clone());
+        self.outer = state.outer.clone();
+        self.inner_lr = state.inner_lr.clone();
+    }
+
+    /// Books an average (or a replica taken whole) with `from`.
+    fn averaged_with(&mut self, from: NodeId, state: &ReplicaState) {
         self.applied.union(&state.applied);
         self.version.merge_max(&state.version);
         self.far_candidate = None;
@@ -538,5 +606,57 @@ mod tests {
         let out: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
         assert_eq!(refusal(&out), Some(StateRefusal::TooSoon));
         assert!(!out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
+    }
+
+    /// Two replicas over the same updates within the threshold end as one,
+    /// however small the difference (midpoints leave them apart for good):
+    /// both keep the one that applied updates the other only gave up, else
+    /// the lower id's. Beyond it they average.
+    #[test]
+    fn near_replicas_over_the_same_updates_end_as_one() {
+        for offset in [2e-3, 1e-5] {
+            let near = vec![1.0 + offset / 8f32.sqrt(); 8];
+            let (e, out) = engine_offered(near.clone(), NodeId([2; 32]), Some(1.0));
+            assert_eq!(refusal(&out), None);
+            assert_eq!(e.anchor(), &near[..], "a lower id's taken whole at {offset} rounds");
+            assert_eq!(e.stats().anchors_averaged, 1);
+            let (e, out) = engine_offered(near.clone(), NodeId([4; 32]), Some(1.0));
+            assert!(out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })));
+            assert_eq!(e.anchor(), &[1.0; 8], "a higher id's is not");
+            assert_eq!(e.stats().anchors_averaged, 0);
+        }
+        // The higher id applied an update we gave up (we missed its sum):
+        // its replica is the one kept.
+        let near = vec![1.0 + 2e-3 / 8f32.sqrt(); 8];
+        let mut e = engine_moving(Some(1.0));
+        let missed = UpdateId { src: NodeId([2; 32]), round: 3 };
+        e.given_up.insert(missed);
+        let (run_id, applied) = (e.run_id, e.seen());
+        let sketch = anchor_sketch(&near);
+        e.on_peer_digest(NodeId([4; 32]), ReplicaDigest { run_id, version: VersionVector::new(), applied, sketch });
+        assert!(std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchAnchor { .. })));
+        let mut state = e.replica_state();
+        state.anchor = near.clone();
+        state.applied.insert(missed);
+        e.on_peer_anchor(NodeId([4; 32]), state);
+        assert_eq!(e.anchor(), &near[..]);
+        // A momentum beyond half our own's norm is not taken whole: the
+        // bounded midpoint instead.
+        let mut e = engine_moving(Some(1.0));
+        e.outer.momentum = vec![1.0; 8];
+        let near = vec![1.0 + 2e-3; 8];
+        let (run_id, applied) = (e.run_id, e.seen());
+        let sketch = anchor_sketch(&near);
+        e.on_peer_digest(NodeId([2; 32]), ReplicaDigest { run_id, version: VersionVector::new(), applied, sketch });
+        assert!(std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::FetchAnchor { .. })));
+        let mut state = e.replica_state();
+        state.anchor = near;
+        state.outer.momentum = vec![3.0; 8];
+        e.on_peer_anchor(NodeId([2; 32]), state);
+        assert_eq!(e.stats().anchors_averaged, 1);
+        assert!(e.anchor().iter().all(|x| (x - 1.001).abs() < 1e-6), "the midpoint: {:?}", e.anchor());
+        // Beyond the threshold, a lower id's near replica is averaged, not taken.
+        let (e, _) = engine_offered(vec![1.0 + 0.3 / 8f32.sqrt(); 8], NodeId([2; 32]), Some(1.0));
+        assert!(e.anchor().iter().all(|x| (x - (1.0 + 0.15 / 8f32.sqrt())).abs() < 1e-6), "{:?}", e.anchor());
     }
 }

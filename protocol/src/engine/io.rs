@@ -180,6 +180,17 @@ pub enum EngineEvent {
         /// The tick it was applied in.
         applied_in: u64,
     },
+    /// A group's quorum sum arrived after its tick closed here, and was put
+    /// back into that tick: the ticks since were recomputed, so this
+    /// replica ends where those that had the sum in time are.
+    AggregateReplayed {
+        /// Its tick.
+        key: u64,
+        /// Its group.
+        group: u32,
+        /// Ticks recomputed (its own and those closed since).
+        ticks: u64,
+    },
     /// A group expected in a batch had no quorum aggregate when the batch
     /// closed: its updates are not applied by this replica unless the sum
     /// still arrives (then as a late aggregate).

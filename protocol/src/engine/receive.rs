@@ -342,13 +342,15 @@ impl Engine {
             for p in &batch[start..end] {
                 self.apply_one(&p.announcement, &p.bytes, Some(n), Some(key));
             }
-            self.close_outer_round(n);
+            self.close_outer_round(n, true);
             self.last_closed_key = Some(key);
             start = end;
         }
     }
 
-    pub(super) fn close_outer_round(&mut self, n: u32) {
+    /// Closes the outer round of `n` arrivals; `events`: reported (not
+    /// when a late sum's ticks are recomputed).
+    pub(super) fn close_outer_round(&mut self, n: u32, events: bool) {
         let mut outer = self.cfg.outer;
         if let Some(b) = outer.beta_early
             && self.inner_lr.scale >= 1.0
@@ -358,15 +360,17 @@ impl Engine {
         let anchor = Arc::make_mut(&mut self.anchor);
         if self.outer.close_round(&outer, anchor, n) {
             let outer_rounds = self.outer.outer_rounds;
-            self.event(EngineEvent::OuterRound { outer_rounds });
-            self.close_inner_lr_round();
+            if events {
+                self.event(EngineEvent::OuterRound { outer_rounds });
+            }
+            self.close_inner_lr_round(events);
         }
     }
 
     /// Feeds the closed outer round's training losses to the inner-rate
     /// schedule; a divergence also drops the outer momentum, which carried
     /// the anchor into it.
-    fn close_inner_lr_round(&mut self) {
+    fn close_inner_lr_round(&mut self, events: bool) {
         let Some(change) = self.inner_lr.close_round(&self.cfg.inner_lr) else {
             return;
         };
@@ -375,7 +379,9 @@ impl Engine {
             self.outer.restarts += 1;
         }
         let scale = self.inner_lr.scale;
-        self.event(EngineEvent::InnerLrChanged { scale, change });
+        if events {
+            self.event(EngineEvent::InnerLrChanged { scale, change });
+        }
     }
 
     /// Applies one update; `group` is the size of its canonical batch group
@@ -405,7 +411,7 @@ impl Engine {
         if closed {
             let outer_rounds = self.outer.outer_rounds;
             self.event(EngineEvent::OuterRound { outer_rounds });
-            self.close_inner_lr_round();
+            self.close_inner_lr_round(true);
         }
     }
 

@@ -234,6 +234,7 @@ impl Engine {
         self.pending = state.pending;
         self.roster = state.roster;
         self.sum_guard = state.sum_guard;
+        self.aggregation.replay.clear();
         self.index_pending();
         self.phase = Phase::Created;
     }

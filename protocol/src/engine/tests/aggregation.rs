@@ -1,7 +1,8 @@
 //! Aggregated dissemination: replicas apply quorum sums and stay
 //! identical, each node receives a bounded number of payloads per round,
 //! one forging aggregator changes nothing anyone applies, and the sums of
-//! two colluding ones are refused by their norm.
+//! two colluding ones are refused by their norm; a replica whose sums come
+//! late ends identical to the others.
 
 use super::*;
 use crate::aggregate::{AggregateAnnouncement, AggregationConfig};
@@ -260,4 +261,39 @@ fn a_lone_aggregated_node_closes_its_ticks_by_the_clock_and_joiners_of_its_state
         }
     }
     assert!(h.engines[0].version().total() >= 30, "{} applied", h.engines[0].version().total());
+}
+
+/// Node 5's sums arrive more than a tick late for 200 s. It puts each back
+/// into its tick and recomputes the ticks since, so once it holds the same
+/// updates as the others its anchor and outer state are theirs, bit for
+/// bit; with no ticks kept it applies them a tick later (another normaliser
+/// and momentum step) and, with anti-entropy off, stays apart.
+#[test]
+fn a_replica_whose_sums_come_late_ends_identical_to_the_others() {
+    let slow = 5;
+    let run = |window: usize| {
+        let mut h = Harness::new(aggregated(true), &speeds(), 11);
+        for e in &mut h.engines {
+            e.aggregation.replay.set_window(window);
+        }
+        h.run_until(Micros::from_secs_f64(20.0));
+        let period = h.engines[0].tick_period().expect("tick mode").as_secs_f64();
+        let late = Micros::from_secs_f64(1.3 * period);
+        h.slow_sums = Some((slow, late, Micros::from_secs_f64(200.0)));
+        h.run_until(Micros::from_secs_f64(300.0));
+        let same: Vec<usize> =
+            (0..NODES).filter(|k| *k != slow && h.engines[*k].version() == h.engines[slow].version()).collect();
+        assert!(!same.is_empty(), "some replica holds the slow node's updates");
+        let identical = |k: usize| {
+            let (a, b) = (&h.engines[k], &h.engines[slow]);
+            a.anchor() == b.anchor() && a.outer == b.outer && a.outer_rounds() == b.outer_rounds()
+        };
+        (h.replayed[slow], same.iter().all(|k| identical(*k)), same.iter().any(|k| identical(*k)))
+    };
+    let (replayed, all_identical, _) = run(crate::engine::aggregation::REPLAY_TICKS_FOR_TESTS);
+    assert!(replayed > 50, "{replayed} sums put back");
+    assert!(all_identical, "the slow replica differs from one holding the same updates");
+    let (replayed, _, any_identical) = run(0);
+    assert_eq!(replayed, 0);
+    assert!(!any_identical, "without ticks kept the slow replica should differ");
 }

@@ -45,6 +45,11 @@ pub(super) struct Harness {
     pub(super) forged: Vec<(u64, u32, Hash32)>,
     /// Payloads and sums delivered to each node.
     pub(super) received: Vec<u64>,
+    /// Sums reach this node this much later than others, until the time
+    /// given: (node, extra latency, until).
+    pub(super) slow_sums: Option<(usize, Micros, Micros)>,
+    /// Late sums each node put back into their tick.
+    pub(super) replayed: Vec<u64>,
 }
 
 impl Harness {
@@ -81,6 +86,8 @@ impl Harness {
             forge_scale: None,
             forged: Vec::new(),
             received: vec![0; speeds.len()],
+            slow_sums: None,
+            replayed: vec![0; speeds.len()],
         };
         for k in 0..speeds.len() {
             h.push(Micros::ZERO, Ev::Input(k, Box::new(Input::Start)));
@@ -102,6 +109,15 @@ impl Harness {
             Some((from, to, split)) if self.now >= from && self.now < to => (a < split) == (b < split),
             _ => true,
         }
+    }
+
+    /// When a sum sent now reaches node `to`.
+    fn sum_arrival(&self, to: usize) -> Micros {
+        let extra = match self.slow_sums {
+            Some((k, extra, until)) if k == to && self.now < until => extra,
+            _ => Micros::ZERO,
+        };
+        self.now + self.latency + extra
     }
 
     pub(super) fn index_of(&self, id: &NodeId) -> usize {
@@ -199,7 +215,7 @@ impl Harness {
                         if to.contains(&self.engines[j].node_id()) && self.link_up(k, j) {
                             self.received[j] += 1;
                             let input = Input::AggregateBody { key, group, from, bytes: body.clone() };
-                            self.push(now + lat, Ev::Input(j, Box::new(input)));
+                            self.push(self.sum_arrival(j), Ev::Input(j, Box::new(input)));
                         }
                     }
                 }
@@ -211,7 +227,7 @@ impl Harness {
                         }
                         _ => Input::AggregateFetchFailed { key, group, from },
                     };
-                    self.push(now + lat, Ev::Input(k, Box::new(input)));
+                    self.push(self.sum_arrival(k), Ev::Input(k, Box::new(input)));
                 }
                 Output::FetchAnnouncement { id, from } => {
                     let gone = self.served_for.is_some_and(|d| self.published_at[&id] + d < now);
@@ -257,6 +273,7 @@ impl Harness {
                     assert!(self.applied_log.insert((k, id)), "node {k} applied {id:?} twice");
                 }
                 Output::Event(EngineEvent::Dropped { reason, .. }) => self.dropped.push((k, reason)),
+                Output::Event(EngineEvent::AggregateReplayed { .. }) => self.replayed[k] += 1,
                 Output::Event(_) => {}
             }
         }
