@@ -251,6 +251,8 @@ impl Engine {
     /// word): the anchor moves at most `anchor_bound`, each outer vector at
     /// most half its own norm (the buffer: the momentum's and its own).
     /// Unbounded (`None`: vouched for by a second peer): the plain average.
+    /// Within the distance threshold and the bounds, one of the two
+    /// replicas whole instead (`take_whole`).
     fn blend(&mut self, from: NodeId, state: &ReplicaState, anchor_bound: Option<f32>) {
         let close = relative_distance(&self.anchor, &state.anchor)
             .is_some_and(|d| d <= self.cfg.anti_entropy.distance_threshold);
@@ -312,10 +314,10 @@ impl Engine {
             && inner_lr_ok
     }
 
-    /// Which of two replicas within the threshold, over the same updates,
-    /// both keep: the one
-    /// that applied updates the other only gave up (it missed their sum),
-    /// else the lower id's. Both sides decide alike, so the pair ends as one.
+    /// Which of two replicas over the same updates, within the threshold,
+    /// both keep: the one that applied updates the other only gave up (it
+    /// missed their sum), else the lower id's. Both sides decide alike, so
+    /// the pair ends as one.
     fn peer_replica_wins(&self, from: NodeId, state: &ReplicaState) -> bool {
         let theirs_only = !state.applied.missing_from(&self.applied).is_empty();
         let ours_only = !self.applied.missing_from(&state.applied).is_empty();
