@@ -159,6 +159,9 @@ impl Node {
             EngineEvent::AnchorAverageSkipped { peer } => {
                 tracing::debug!("{peer:?}'s anchor arrived after the sets moved on: not averaged");
             }
+            EngineEvent::ReplicaKept { peer } => {
+                tracing::debug!("{peer:?}'s replica is within the threshold of ours, and ours is the one kept");
+            }
             EngineEvent::ConsensusDistance { peer, distance, rounds } => {
                 self.metrics.consensus_distance.set(distance as f64);
                 if let Some(r) = rounds {

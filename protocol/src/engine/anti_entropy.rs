@@ -261,7 +261,7 @@ impl Engine {
                 self.take_whole(state);
                 self.averaged_with(from, state);
             } else {
-                self.event(EngineEvent::AnchorAverageSkipped { peer: from });
+                self.event(EngineEvent::ReplicaKept { peer: from });
             }
             return;
         }

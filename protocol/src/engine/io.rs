@@ -159,6 +159,12 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// A peer's replica, over the same updates and within the distance
+    /// threshold, arrived, and ours is the one both keep: nothing changed.
+    ReplicaKept {
+        /// The peer.
+        peer: NodeId,
+    },
     /// An aggregate announcement or body was refused.
     AggregateRefused {
         /// Its tick.

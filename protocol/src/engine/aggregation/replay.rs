@@ -162,8 +162,7 @@ impl Engine {
         }
     }
 
-    /// Records a tick about to close with `sums`: the base is taken
-    /// before the first kept tick.
+    /// Before tick `key` closes: takes the base when no tick is kept yet.
     pub(super) fn before_tick(&mut self, key: u64) {
         if self.aggregation.replay.window == 0 || self.aggregation.replay.base.is_some() {
             return;
