@@ -37,6 +37,7 @@ use std::{
     sync::Arc,
 };
 
+pub use aggregation::SharedSums;
 pub use config::{
     AntiEntropyConfig, ConfigError, EngineConfig, EngineOverrides, LocalMode, MIN_PARTIAL_STEP, MembershipConfig,
     OuterConfig, OuterKind, PARTIAL_STEP_SLACK, PullConfig, Schedule, StalenessConfig, StalenessMeasure,

@@ -29,7 +29,7 @@ use ragtag_models::{
     device::DeviceChoice,
 };
 use ragtag_protocol::{
-    engine::{Input, LocalMode, Strategy, anti_entropy::relative_distance},
+    engine::{Input, LocalMode, SharedSums, Strategy, anti_entropy::relative_distance},
     ids::{NodeId, RunId, UpdateId},
     manifest::Manifest,
     time::Micros,
@@ -127,6 +127,8 @@ struct Sim<'a> {
     published: u64,
     events: u64,
     seed: u64,
+    /// Decoded sums, one allocation per sum for all the replicas.
+    shared_sums: SharedSums,
 }
 
 /// Runs one strategy on a scenario.
@@ -258,6 +260,7 @@ impl<'a> Sim<'a> {
             published: 0,
             events: 0,
             seed,
+            shared_sums: SharedSums::default(),
         })
     }
 
@@ -275,8 +278,9 @@ impl<'a> Sim<'a> {
         // Everyone is up before anyone starts, so first heartbeats reach all.
         let starting: Vec<usize> = (0..self.nodes.len()).filter(|i| self.nodes[*i].state != NodeState::Late).collect();
         for &i in &starting {
-            let engine =
+            let mut engine =
                 self.nodes[i].new_engine(&self.manifest, self.run_id, initial.clone(), self.scenario.step_cost_s);
+            engine.share_decoded_sums(self.shared_sums.clone());
             self.nodes[i].bring_up(engine, 0.0);
         }
         for &i in &starting {
@@ -345,8 +349,9 @@ impl<'a> Sim<'a> {
                     // Sums were announced while it travelled: ask again.
                     self.join(node);
                 } else if self.nodes[node].state == NodeState::Joining {
-                    let engine =
+                    let mut engine =
                         self.nodes[node].join_engine(&self.manifest, self.run_id, *state, self.scenario.step_cost_s);
+                    engine.share_decoded_sums(self.shared_sums.clone());
                     self.nodes[node].bring_up(engine, self.now);
                     self.handle(node, Input::Start);
                 }

@@ -12,6 +12,9 @@
 mod apply;
 mod intake;
 mod replay;
+mod shared_sums;
+
+pub use shared_sums::SharedSums;
 
 #[cfg(test)]
 pub(super) use replay::REPLAY_TICKS as REPLAY_TICKS_FOR_TESTS;
@@ -100,6 +103,8 @@ pub(super) struct AggregationState {
     pub(super) wake_at: Option<Micros>,
     /// The last closed ticks and the state before them, for late sums.
     pub(super) replay: replay::ReplayLog,
+    /// Decoded sums shared with the other engines of this process, if any.
+    pub(super) shared: Option<SharedSums>,
 }
 
 impl AggregationState {
@@ -126,6 +131,13 @@ impl AggregationState {
 }
 
 impl Engine {
+    /// Shares decoded sums with the other engines given a clone of
+    /// `shared` (the simulator's replicas): one allocation per sum instead
+    /// of one per replica. What the engine applies does not change.
+    pub fn share_decoded_sums(&mut self, shared: SharedSums) {
+        self.aggregation.shared = Some(shared);
+    }
+
     /// The designated aggregators of each group of tick `key`.
     pub(super) fn designated(&mut self, key: u64) -> Arc<Vec<Vec<NodeId>>> {
         self.roles(key).designated.clone()

@@ -177,9 +177,11 @@ fn robust_mean(reports: &mut [(f32, u64)], spread: f32) -> Option<f32> {
     if reports.is_empty() {
         return None;
     }
-    reports.sort_by_key(|r| r.1);
-    let cap = reports[reports.len() / 2].1;
-    reports.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mid = reports.len() / 2;
+    let cap = reports.select_nth_unstable_by_key(mid, |r| r.1).1.1;
+    // A total order: reports that compare equal are equal bit for bit, so
+    // the summing order below is the same whatever the arrival order.
+    reports.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let weight = |r: &(f32, u64)| r.1.min(cap) as f64;
     let total: f64 = reports.iter().map(weight).sum();
     if total <= 0.0 {

@@ -92,7 +92,7 @@ impl Engine {
             return;
         }
         if let Some(bytes) = early {
-            self.take_body(k, vote.members, signer, &bytes);
+            self.take_body(k, vote.members, signer, vote.hash, &bytes);
             return;
         }
         // Our parent in the group's tree pushes it down unasked; the
@@ -192,7 +192,7 @@ impl Engine {
                 let members = f.members;
                 self.aggregation.fetching.remove(&k);
                 self.push_down(k, hash, bytes.clone());
-                self.take_body(k, members, from, &bytes);
+                self.take_body(k, members, from, hash, &bytes);
                 return;
             }
             if f.due.is_none() && f.sources.first() == Some(&from) {
@@ -234,17 +234,23 @@ impl Engine {
         if let Some(vote) = vote {
             self.push_down(k, hash, bytes.clone());
             if vote.signers.len() >= cfg.quorum as usize {
-                self.take_body(k, vote.members, from, &bytes);
+                self.take_body(k, vote.members, from, hash, &bytes);
             }
         }
     }
 
-    /// Decodes a body whose hash a quorum signed and holds it for its tick.
-    fn take_body(&mut self, k: GroupKey, members: u32, from: NodeId, bytes: &[u8]) {
+    /// Decodes a body whose hash (`hash`, computed here) a quorum signed
+    /// and holds it for its tick.
+    fn take_body(&mut self, k: GroupKey, members: u32, from: NodeId, hash: Hash32, bytes: &[u8]) {
         let (key, group) = k;
+        let (codec, n) = (self.cfg.codec, self.anchor.len());
+        let decoded = match &self.aggregation.shared {
+            Some(shared) => shared.decode(hash, bytes, codec, n),
+            None => Aggregate::decode(bytes, codec, n).map(Arc::new),
+        };
         // The quorum signed these very bytes: if they are unusable, no
         // other holder has better ones.
-        let aggregate = match Aggregate::decode(bytes, self.cfg.codec, self.anchor.len()) {
+        let aggregate = match decoded {
             Ok(a) => a,
             Err(e) => {
                 let reason = match e {
@@ -261,7 +267,7 @@ impl Engine {
             self.refuse_aggregate(key, group, from, RejectReason::AggregateMismatch);
             return;
         }
-        self.aggregation.held.insert(k, Arc::new(aggregate));
+        self.aggregation.held.insert(k, aggregate);
         self.aggregation.early.remove(&k);
     }
 

@@ -87,6 +87,12 @@ impl ReplayLog {
         self.ticks.clear();
     }
 
+    /// Sums kept for the closed ticks.
+    #[cfg(test)]
+    pub(in crate::engine) fn kept_sums(&self) -> usize {
+        self.ticks.iter().map(|(_, sums)| sums.len()).sum()
+    }
+
     #[cfg(test)]
     pub(in crate::engine) fn set_window(&mut self, ticks: usize) {
         self.window = ticks;

@@ -297,3 +297,28 @@ fn a_replica_whose_sums_come_late_ends_identical_to_the_others() {
     assert_eq!(replayed, 0);
     assert!(!any_identical, "without ticks kept the slow replica should differ");
 }
+
+#[test]
+fn replicas_that_share_decoded_sums_apply_what_they_would_alone() {
+    let run = |shared: Option<&SharedSums>| {
+        let mut h = Harness::new(aggregated(true), &speeds(), 11);
+        for e in h.engines.iter_mut().filter(|_| shared.is_some()) {
+            e.share_decoded_sums(shared.cloned().unwrap_or_default());
+        }
+        h.run_until(Micros::from_secs_f64(60.0));
+        h
+    };
+    let alone = run(None);
+    let shared = SharedSums::default();
+    let together = run(Some(&shared));
+    for (a, b) in alone.engines.iter().zip(&together.engines) {
+        assert_eq!(a.anchor(), b.anchor());
+        assert_eq!(a.outer, b.outer);
+        assert_eq!(a.version(), b.version());
+    }
+    assert_eq!(alone.applied_log, together.applied_log);
+    // The replicas hold one allocation per sum between them.
+    let kept: usize = together.engines.iter().map(|e| e.aggregation.replay.kept_sums()).sum();
+    let live = shared.live();
+    assert!(live > 0 && 4 * live < kept, "{live} sums decoded for {kept} kept by the replicas");
+}
