@@ -64,7 +64,8 @@ impl SharedSums {
     }
 
     /// Sums decoded and still held by some engine.
-    pub fn live(&self) -> usize {
+    #[cfg(test)]
+    pub(in crate::engine) fn live(&self) -> usize {
         let table = self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         table.sums.values().filter(|s| s.strong_count() > 0).count()
     }

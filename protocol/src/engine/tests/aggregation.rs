@@ -302,8 +302,10 @@ fn a_replica_whose_sums_come_late_ends_identical_to_the_others() {
 fn replicas_that_share_decoded_sums_apply_what_they_would_alone() {
     let run = |shared: Option<&SharedSums>| {
         let mut h = Harness::new(aggregated(true), &speeds(), 11);
-        for e in h.engines.iter_mut().filter(|_| shared.is_some()) {
-            e.share_decoded_sums(shared.cloned().unwrap_or_default());
+        if let Some(shared) = shared {
+            for e in &mut h.engines {
+                e.share_decoded_sums(shared.clone());
+            }
         }
         h.run_until(Micros::from_secs_f64(60.0));
         h
