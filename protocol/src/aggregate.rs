@@ -12,6 +12,9 @@
 //! so no single node can change what others apply (see
 //! `engine::aggregation`).
 
+mod ranking;
+
+pub use ranking::Ranking;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -288,15 +291,14 @@ pub fn group_of(key: u64, src: &NodeId, groups: u32) -> u32 {
 }
 
 /// Every node of `candidates` in group `group`'s order for tick `key`
-/// (rendezvous scores, lowest first): the first `r` are its designated
-/// aggregators, and the node at position `i >= r` takes the sum from the
-/// one at [`tree_parent`]`(i)`. A view that differs by a node or two
-/// mostly agrees on both.
+/// (rendezvous scores, lowest first, ties in id order): the first `r` are
+/// its designated aggregators, and the node at position `i >= r` takes the
+/// sum from the one at [`tree_parent`]`(i)`. A view that differs by a node
+/// or two mostly agrees on both. The engine reads only the positions it
+/// needs, through [`Ranking`].
 pub fn rank(key: u64, group: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let mut scored: Vec<(u64, NodeId)> =
-        candidates.map(|node| (mix(&[2, key, u64::from(group), head(&node)]), node)).collect();
-    scored.sort_unstable();
-    scored.into_iter().map(|(_, n)| n).collect()
+    let nodes = roster_order(candidates);
+    Ranking::new(key, group, &nodes).span(0..nodes.len())
 }
 
 /// The position a node at `position` of a group's [`rank`] takes the sum
@@ -310,8 +312,16 @@ pub fn tree_parent(position: usize, r: u32, fanout: u32) -> Option<usize> {
 /// The `r` designated aggregators of group `group` of tick `key` among
 /// `candidates`: the first `r` of its [`rank`].
 pub fn aggregators_of(key: u64, group: u32, r: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let ranked = rank(key, group, candidates);
-    ranked[..(r as usize).min(ranked.len())].to_vec()
+    let nodes = roster_order(candidates);
+    Ranking::new(key, group, &nodes).span(0..r as usize)
+}
+
+/// `candidates` in id order without repeats, as [`Ranking`] takes them.
+fn roster_order(candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
+    let mut nodes: Vec<NodeId> = candidates.collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::{
 
 use super::{Engine, EngineEvent, Output, config::Schedule, staleness::staleness_weight};
 use crate::{
-    aggregate::{Aggregate, AggregateAnnouncement, AggregateMember, group_of, rank, tree_parent},
+    aggregate::{Aggregate, AggregateAnnouncement, AggregateMember, Ranking, group_of, tree_parent},
     codec::Payload,
     ids::{Hash32, NodeId},
     time::Micros,
@@ -166,28 +166,27 @@ impl Engine {
         let me = self.me;
         // The roster, the same at every replica that applied the same
         // sums; our view of the live set only before any tick settled.
+        // Both in id order, as the ranking takes them.
         let mut eligible: Vec<NodeId> = self.roster.eligible(key).collect();
         if eligible.is_empty() {
             eligible = self.live_ids().collect();
+            eligible.sort_unstable();
         }
         let (mut roles, mut designated) = (Roles::default(), Vec::new());
         let (r, fanout) = (cfg.aggregators as usize, cfg.fanout as usize);
         for g in 0..cfg.groups {
-            let ranked = rank(key, g, eligible.iter().copied());
+            let mut ranking = Ranking::new(key, g, &eligible);
             // Not on the roster (a joiner): no role, sums fetched from signers.
-            let at = ranked.iter().position(|n| *n == me);
-            roles.parent.push(at.and_then(|at| tree_parent(at, cfg.aggregators, cfg.fanout).map(|p| ranked[p])));
+            let at = ranking.position(&me);
+            let parent = at.and_then(|at| tree_parent(at, cfg.aggregators, cfg.fanout));
+            roles.parent.push(parent.and_then(|p| ranking.span(p..p + 1).first().copied()));
             // The positions whose parent is ours (see `tree_parent`).
-            let children = at.map_or(&[][..], |at| {
-                let first = (r + at * fanout).min(ranked.len());
-                &ranked[first..(first + fanout).min(ranked.len())]
+            let children = at.map_or_else(Vec::new, |at| {
+                let first = r + at * fanout;
+                ranking.span(first..first + fanout)
             });
-            roles.children.push(children.to_vec());
-            // A copy, not `into_iter().take(r).collect()`: that collects in
-            // place and keeps the whole ranking's allocation (about 40 bytes
-            // a live node) for each group of every tick kept: 1.5 GB at
-            // 1,000 nodes.
-            designated.push(ranked[..r.min(ranked.len())].to_vec());
+            roles.children.push(children);
+            designated.push(ranking.span(0..r));
         }
         roles.designated = Arc::new(designated);
         let roles = Arc::new(roles);
@@ -211,13 +210,18 @@ impl Engine {
         self.designated(key)[g as usize].iter().copied().filter(|n| *n != me).collect()
     }
 
-    /// Expected to contribute to tick `key`: live, and contributed in the
-    /// tick before or later, or never yet (as the exchange wait counts).
-    fn expected_in(&self, node: &NodeId, key: u64) -> bool {
-        if *node == self.me {
-            return self.last_base_tick == Some(key);
-        }
-        self.last_tick_of.get(node).is_none_or(|t| t + 1 >= key)
+    /// The live nodes expected to contribute to tick `key`: those that
+    /// contributed in the tick before or later, or never yet (as the
+    /// exchange wait counts), and us if our last round was of `key`. One
+    /// pass over the live set and the contributions, both in id order:
+    /// every tick of every replica asks this of the whole swarm.
+    fn expected_ids(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
+        let mut last = self.last_tick_of.iter().peekable();
+        let peers = self.membership.peers().map(|(id, _)| *id).filter(move |id| {
+            while last.next_if(|(n, _)| *n < id).is_some() {}
+            last.peek().filter(|(n, _)| *n == id).is_none_or(|(_, t)| **t + 1 >= key)
+        });
+        peers.chain((self.last_base_tick == Some(key)).then_some(self.me))
     }
 
     /// The groups of tick `key` with an expected member.
@@ -228,8 +232,7 @@ impl Engine {
         if let Some(e) = self.aggregation.expected.get(&key) {
             return e.clone();
         }
-        let groups: BTreeSet<u32> =
-            self.live_ids().filter(|n| self.expected_in(n, key)).map(|n| group_of(key, &n, cfg.groups)).collect();
+        let groups: BTreeSet<u32> = self.expected_ids(key).map(|n| group_of(key, &n, cfg.groups)).collect();
         let groups = Arc::new(groups);
         self.aggregation.expected.insert(key, groups.clone());
         groups
@@ -261,8 +264,7 @@ impl Engine {
         let Some(cfg) = self.cfg.aggregation else {
             return false;
         };
-        let expected =
-            self.live_ids().filter(|n| group_of(key, n, cfg.groups) == group && self.expected_in(n, key)).count();
+        let expected = self.expected_ids(key).filter(|n| group_of(key, n, cfg.groups) == group).count();
         have >= expected
     }
 
