@@ -290,38 +290,12 @@ pub fn group_of(key: u64, src: &NodeId, groups: u32) -> u32 {
     (mix(&[1, key, head(src)]) % u64::from(groups.max(1))) as u32
 }
 
-/// Every node of `candidates` in group `group`'s order for tick `key`
-/// (rendezvous scores, lowest first, ties in id order): the first `r` are
-/// its designated aggregators, and the node at position `i >= r` takes the
-/// sum from the one at [`tree_parent`]`(i)`. A view that differs by a node
-/// or two mostly agrees on both. The engine reads only the positions it
-/// needs, through [`Ranking`].
-pub fn rank(key: u64, group: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let nodes = roster_order(candidates);
-    Ranking::new(key, group, &nodes).span(0..nodes.len())
-}
-
-/// The position a node at `position` of a group's [`rank`] takes the sum
+/// The position a node at `position` of a group's [`Ranking`] takes the sum
 /// from (`None` for the `r` aggregators): every position below it serves
 /// at most `fanout` others.
 pub fn tree_parent(position: usize, r: u32, fanout: u32) -> Option<usize> {
     let r = r as usize;
     (position >= r).then(|| (position - r) / fanout.max(1) as usize)
-}
-
-/// The `r` designated aggregators of group `group` of tick `key` among
-/// `candidates`: the first `r` of its [`rank`].
-pub fn aggregators_of(key: u64, group: u32, r: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let nodes = roster_order(candidates);
-    Ranking::new(key, group, &nodes).span(0..r as usize)
-}
-
-/// `candidates` in id order without repeats, as [`Ranking`] takes them.
-fn roster_order(candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
-    let mut nodes: Vec<NodeId> = candidates.collect();
-    nodes.sort_unstable();
-    nodes.dedup();
-    nodes
 }
 
 #[cfg(test)]
@@ -335,6 +309,15 @@ mod tests {
         b[0] = i;
         b[1] = i.wrapping_mul(7);
         NodeId(b)
+    }
+
+    /// The `r` designated aggregators of group `group` of tick `key`
+    /// among `candidates`, given in any order.
+    fn aggregators_of(key: u64, group: u32, r: u32, candidates: impl Iterator<Item = NodeId>) -> Vec<NodeId> {
+        let mut nodes: Vec<NodeId> = candidates.collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        Ranking::new(key, group, &nodes).span(0..r as usize)
     }
 
     fn member(src: u8, round: u64, weight: f32) -> AggregateMember {
