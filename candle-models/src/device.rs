@@ -66,6 +66,8 @@ pub enum Arenas {
     /// simulator allocates on every core at once, and one arena's lock
     /// put its 1,000-node run in futex waits (746 s against 1,015 s;
     /// BENCHMARKS.md, "1,000 nodes: memory and the allocator's lock").
+    /// The simulator's own allocations now go through mimalloc; this
+    /// still governs what its C libraries allocate.
     PerThread,
 }
 

@@ -55,6 +55,7 @@ use crate::{
     ids::{NodeId, RunId, UpdateId},
     ledger::RecordKind,
     rng::SeededRng,
+    sorted_walk,
     time::Micros,
     validate::RejectReason,
     version::{AppliedSet, VersionVector},
@@ -645,6 +646,39 @@ impl Engine {
             self.count_last_tick(o, -1);
         }
         self.count_last_tick(tick, 1);
+    }
+
+    /// [`Engine::note_contribution`] for each source of `batch` (in id
+    /// order, each once), all to tick `tick`: one pass over the live set
+    /// and one over the last ticks.
+    fn note_contributions_sorted(&mut self, batch: &[(NodeId, ())], tick: u64) {
+        let me = self.me;
+        let mut live = Vec::with_capacity(batch.len());
+        self.membership.live_sorted(batch, |src, (), is_live| {
+            if *src != me && is_live {
+                live.push((*src, ()));
+            }
+        });
+        let mut moved_from = Vec::new();
+        let mut added = 0;
+        sorted_walk::update_sorted(&mut self.last_tick_of, &live, |last, ()| match last {
+            Some(t) if *t >= tick => None,
+            Some(t) => {
+                moved_from.push(std::mem::replace(t, tick));
+                None
+            }
+            None => {
+                added += 1;
+                Some(tick)
+            }
+        });
+        for o in &moved_from {
+            self.count_last_tick(*o, -1);
+        }
+        let joined = i32::try_from(moved_from.len() + added).unwrap_or(i32::MAX);
+        if joined > 0 {
+            self.count_last_tick(tick, joined);
+        }
     }
 }
 

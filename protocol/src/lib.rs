@@ -11,8 +11,8 @@
 //!
 //! The modules form layers; each uses only the layers below it:
 //! 1. `ids`, `rng`, `time` (with tick mode's clock stretch), `reject` (the
-//!    reasons for refusing peer input), `codec`; then `identity` and
-//!    `version` over `ids`.
+//!    reasons for refusing peer input), `codec`, `sorted_walk`; then
+//!    `identity` and `version` over `ids`.
 //! 2. `ledger`: the signed records and receipts.
 //! 3. `wire`: the messages, which carry ledger records, and their limits;
 //!    `aggregate`: the signed sums of aggregated dissemination.
@@ -30,6 +30,7 @@ pub mod ledger;
 pub mod manifest;
 pub mod reject;
 pub mod rng;
+mod sorted_walk;
 pub mod time;
 pub mod validate;
 pub mod version;

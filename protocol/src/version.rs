@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{NodeId, UpdateId};
+use crate::{
+    ids::{NodeId, UpdateId},
+    sorted_walk,
+};
 
 /// `V[j]` = how many of node j's updates this replica has applied. Encoded
 /// compactly: entries sorted by node, zero entries omitted, varint counts.
@@ -26,6 +29,18 @@ impl VersionVector {
     /// Counts one more applied update from `node`.
     pub fn increment(&mut self, node: NodeId) {
         *self.0.entry(node).or_insert(0) += 1;
+    }
+
+    /// [`VersionVector::increment`] for each node of `batch`, in node
+    /// order (a node once per update).
+    pub fn increment_sorted(&mut self, batch: &[(NodeId, ())]) {
+        sorted_walk::update_sorted(&mut self.0, batch, |v, ()| match v {
+            Some(v) => {
+                *v += 1;
+                None
+            }
+            None => Some(1),
+        });
     }
 
     /// `|V|`: all updates applied.
@@ -129,9 +144,38 @@ impl AppliedSet {
         self.0.get(&id.src).is_some_and(|r| r.contains(id.round))
     }
 
+    /// Whether any `(source, round)` of `ids` (in source order) is
+    /// [`AppliedSet::contains`]ed: one pass over the set.
+    pub fn contains_any_sorted(&self, ids: &[(NodeId, u64)]) -> bool {
+        let mut any = false;
+        sorted_walk::join_sorted(&self.0, ids, |_, round, r| any |= r.is_some_and(|r| r.contains(round)));
+        any
+    }
+
     /// Records `id` as applied.
     pub fn insert(&mut self, id: UpdateId) {
         self.0.entry(id.src).or_default().insert(id.round);
+    }
+
+    /// For each `(source, (round, tag))` of `batch`, in source order:
+    /// records the update unless [`AppliedSet::contains`] it, and calls
+    /// `new` with the tag of each it recorded (as a check and an insert
+    /// per update, in batch order, would).
+    pub fn insert_new_sorted<T: Copy>(&mut self, batch: &[(NodeId, (u64, T))], mut new: impl FnMut(T)) {
+        sorted_walk::update_sorted(&mut self.0, batch, |r, (round, tag)| match r {
+            Some(r) if r.contains(round) => None,
+            Some(r) => {
+                r.insert(round);
+                new(tag);
+                None
+            }
+            None => {
+                let mut r = AppliedRounds::default();
+                r.insert(round);
+                new(tag);
+                Some(r)
+            }
+        });
     }
 
     /// Adds everything `other` applied.
@@ -222,5 +266,48 @@ mod tests {
         assert_eq!(a.missing_from(&b), vec![UpdateId { src: n(2), round: 4 }]);
         b.union(&a);
         assert!(a.missing_from(&b).is_empty());
+    }
+
+    proptest::proptest! {
+        /// A pass books the same set and vector, and calls the same
+        /// updates new (and finds one applied where a search does), as a check, an insert and an increment per update
+        /// in batch order: repeated sources, rounds out of order and
+        /// rounds beyond the window included.
+        #[test]
+        fn booking_in_one_pass_matches_one_update_at_a_time(
+            before in proptest::collection::vec((0u8..6, 0u64..200), 0..30),
+            batch in proptest::collection::vec((0u8..6, 0u64..200), 0..30),
+        ) {
+            let mut set = AppliedSet::new();
+            for (src, round) in before {
+                set.insert(UpdateId { src: n(src), round });
+            }
+            let mut items: Vec<(NodeId, (u64, usize))> =
+                batch.iter().enumerate().map(|(i, (src, round))| (n(*src), (*round, i))).collect();
+            items.sort_by_key(|(src, _)| *src);
+            let original = set.clone();
+            let (mut one_set, mut one_version, mut one_new) = (set.clone(), VersionVector::new(), Vec::new());
+            for &(src, (round, i)) in &items {
+                let id = UpdateId { src, round };
+                if !one_set.contains(&id) {
+                    one_set.insert(id);
+                    one_version.increment(src);
+                    one_new.push(i);
+                }
+            }
+            let mut new = Vec::new();
+            set.insert_new_sorted(&items, |i| new.push(i));
+            new.sort_unstable();
+            one_new.sort_unstable();
+            let sources: Vec<(NodeId, ())> = items.iter().filter(|(_, (_, i))| new.contains(i)).map(|(s, _)| (*s, ())).collect();
+            let mut version = VersionVector::new();
+            version.increment_sorted(&sources);
+            proptest::prop_assert_eq!(&new, &one_new);
+            proptest::prop_assert_eq!(set, one_set);
+            proptest::prop_assert_eq!(version, one_version);
+            let ids: Vec<(NodeId, u64)> = items.iter().map(|(s, (r, _))| (*s, *r)).collect();
+            let any = ids.iter().any(|(src, round)| original.contains(&UpdateId { src: *src, round: *round }));
+            proptest::prop_assert_eq!(original.contains_any_sorted(&ids), any);
+        }
     }
 }

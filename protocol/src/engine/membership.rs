@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::{ids::NodeId, time::Micros};
+use crate::{ids::NodeId, sorted_walk, time::Micros};
 
 /// What we know of a peer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -150,6 +150,13 @@ impl Membership {
     /// Live peers (not us), in id order.
     pub fn peers(&self) -> impl Iterator<Item = (&NodeId, &PeerInfo)> {
         self.peers.iter()
+    }
+
+    /// [`Membership::is_live`] for each node of `batch` (in id order), in
+    /// one pass over the live set: `f` gets the node, its tag and whether
+    /// it is live.
+    pub fn live_sorted<T: Copy>(&self, batch: &[(NodeId, T)], mut f: impl FnMut(&NodeId, T, bool)) {
+        sorted_walk::join_sorted(&self.peers, batch, |id, t, peer| f(id, t, *id == self.me || peer.is_some()));
     }
 
     /// v_ref: the 90th percentile of live speeds, us included (nearest

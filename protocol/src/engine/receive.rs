@@ -421,6 +421,12 @@ impl Engine {
     pub(super) fn count_applied(&mut self, a: Applied, weight: f32, tau: u64, nodes: usize) {
         self.version.increment(a.id.src);
         self.applied.insert(a.id);
+        self.count_booked(a, weight, tau, nodes);
+    }
+
+    /// [`Engine::count_applied`] for an update already booked in the
+    /// version vector and the applied set (with the rest of its tick).
+    pub(super) fn count_booked(&mut self, a: Applied, weight: f32, tau: u64, nodes: usize) {
         self.inner_lr.observe(a.loss, a.samples);
         self.stats.applied += 1;
         self.stats.staleness_histogram[(tau as usize).min(7)] += 1;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::NodeId;
+use crate::{ids::NodeId, sorted_walk};
 
 /// Ticks from a tick back to the newest tick whose contributors count for
 /// its roles: a tick's sums are applied one tick later, so by then every
@@ -37,6 +37,18 @@ struct Recent {
 }
 
 impl Recent {
+    /// Notes a contribution to tick `key`.
+    fn add(&mut self, key: u64) {
+        if key > self.newest {
+            let shift = key - self.newest;
+            self.mask = if shift >= MASK_TICKS { 0 } else { self.mask << shift };
+            self.newest = key;
+        }
+        if self.newest - key < MASK_TICKS {
+            self.mask |= 1 << (self.newest - key);
+        }
+    }
+
     fn has(&self, key: u64) -> bool {
         key <= self.newest && self.newest - key < MASK_TICKS && self.mask & (1 << (self.newest - key)) != 0
     }
@@ -45,15 +57,18 @@ impl Recent {
 impl Roster {
     /// Records that an applied sum held `node`'s update of tick `key`.
     pub fn record(&mut self, node: NodeId, key: u64) {
-        let r = self.recent.entry(node).or_insert(Recent { newest: key, mask: 0 });
-        if key > r.newest {
-            let shift = key - r.newest;
-            r.mask = if shift >= MASK_TICKS { 0 } else { r.mask << shift };
-            r.newest = key;
-        }
-        if r.newest - key < MASK_TICKS {
-            r.mask |= 1 << (r.newest - key);
-        }
+        self.recent.entry(node).or_insert(Recent { newest: key, mask: 0 }).add(key);
+    }
+
+    /// [`Roster::record`] for each `(node, key)` of `batch`, in node order.
+    pub fn record_sorted(&mut self, batch: &[(NodeId, u64)]) {
+        sorted_walk::update_sorted(&mut self.recent, batch, |r, key| match r {
+            Some(r) => {
+                r.add(key);
+                None
+            }
+            None => Some(Recent { newest: key, mask: 1 }),
+        });
     }
 
     /// The nodes eligible for roles in tick `key`, in id order: those with
@@ -140,6 +155,28 @@ mod tests {
                 *k + SETTLE_TICKS <= at && *k + SETTLE_TICKS + WINDOW_TICKS > at && newest - k < MASK_TICKS
             });
             prop_assert_eq!(r.eligible(at).next().is_some(), in_window);
+        }
+
+        /// Recording a batch in one pass leaves the roster that recording
+        /// each item in turn leaves, ticks in any order and beyond the
+        /// mask's reach included.
+        #[test]
+        fn recording_in_one_pass_matches_one_at_a_time(
+            before in prop::collection::vec((0u8..6, 0u64..200), 0..20),
+            batch in prop::collection::vec((0u8..6, 0u64..200), 0..30),
+        ) {
+            let mut r = Roster::default();
+            for (b, key) in before {
+                r.record(id(b), key);
+            }
+            let mut items: Vec<(NodeId, u64)> = batch.iter().map(|(b, key)| (id(*b), *key)).collect();
+            items.sort_by_key(|(node, _)| *node);
+            let mut one = r.clone();
+            for &(node, key) in &items {
+                one.record(node, key);
+            }
+            r.record_sorted(&items);
+            prop_assert_eq!(r, one);
         }
     }
 }

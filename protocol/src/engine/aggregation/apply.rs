@@ -9,7 +9,7 @@ use super::{
     replay::{Pass, TickSums},
 };
 use crate::{
-    aggregate::Aggregate,
+    aggregate::{Aggregate, AggregateMember},
     codec::Payload,
     engine::{
         Engine, EngineEvent,
@@ -17,6 +17,7 @@ use crate::{
         roster::{SETTLE_TICKS, WINDOW_TICKS},
         sum_guard::SumGuard,
     },
+    ids::NodeId,
     validate::RejectReason,
 };
 
@@ -126,27 +127,57 @@ impl Engine {
     /// books `pass` keeps.
     pub(super) fn outer_round_of_sums(&mut self, key: u64, sums: &TickSums, pass: Pass) {
         let sums = self.guard_sums(sums, pass);
-        let total: usize = sums.iter().map(|a| a.members.len()).sum();
-        if total == 0 {
+        let members: Vec<&AggregateMember> = sums.iter().flat_map(|a| &a.members).collect();
+        if members.is_empty() {
             return;
         }
+        let total = members.len();
         let n = total as u32;
         let outer_cfg = self.cfg.outer;
         for sum in &sums {
             let payload = Payload::parse(self.cfg.codec, self.anchor.len(), &sum.payload).expect("checked on arrival");
             let anchor = Arc::make_mut(&mut self.anchor);
             self.outer.accumulate(&outer_cfg, anchor, &payload, 1.0, n);
-            for m in &sum.members {
-                self.roster.record(m.id.src, self.tick_batch(m.base_tick, m.publish_tick));
-                if pass == Pass::Slide || self.applied.contains(&m.id) {
-                    self.inner_lr.observe(m.loss, m.samples);
-                    continue;
-                }
-                self.note_contribution(m.id.src, key);
-                let applied = Applied { id: m.id, payload_hash: m.payload_hash, samples: m.samples, loss: m.loss };
-                self.count_applied(applied, m.weight, u64::from(m.staleness), total);
+        }
+        let new = self.book_members(key, &members, pass);
+        for (m, new) in members.into_iter().zip(new) {
+            if !new {
+                self.inner_lr.observe(m.loss, m.samples);
+                continue;
             }
+            let applied = Applied { id: m.id, payload_hash: m.payload_hash, samples: m.samples, loss: m.loss };
+            self.count_booked(applied, m.weight, u64::from(m.staleness), total);
         }
         self.close_outer_round(n, pass == Pass::Live);
+    }
+
+    /// Books a tick's members in the replica's per-node maps, one pass per
+    /// map in id order: each in the roster; on a live pass, each not yet
+    /// applied in the applied set, the version vector and the live
+    /// contributors' last ticks. Says which were new, in `members`' order
+    /// (as booking them one by one in that order would).
+    fn book_members(&mut self, key: u64, members: &[&AggregateMember], pass: Pass) -> Vec<bool> {
+        // The key beside the index, so that sorting reads no member; each
+        // sum is in id order already, so this merges runs. Stable: a
+        // source's updates keep their order.
+        let mut order: Vec<(NodeId, usize)> = members.iter().enumerate().map(|(i, m)| (m.id.src, i)).collect();
+        order.sort_by_key(|a| a.0);
+        let ticks: Vec<(NodeId, u64)> = order
+            .iter()
+            .map(|&(src, i)| (src, self.tick_batch(members[i].base_tick, members[i].publish_tick)))
+            .collect();
+        self.roster.record_sorted(&ticks);
+        let mut new = vec![false; members.len()];
+        if pass == Pass::Slide {
+            return new;
+        }
+        let ids: Vec<(NodeId, (u64, usize))> = order.iter().map(|&(src, i)| (src, (members[i].id.round, i))).collect();
+        self.applied.insert_new_sorted(&ids, |i| new[i] = true);
+        let sources: Vec<(NodeId, ())> = order.iter().filter(|(_, i)| new[*i]).map(|&(src, _)| (src, ())).collect();
+        self.version.increment_sorted(&sources);
+        let mut once = sources;
+        once.dedup_by_key(|(src, ())| *src);
+        self.note_contributions_sorted(&once, key);
+        new
     }
 }

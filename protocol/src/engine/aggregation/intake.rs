@@ -277,12 +277,15 @@ impl Engine {
         let Some(cfg) = self.cfg.aggregation else {
             return false;
         };
-        aggregate.members.len() == count as usize
-            && aggregate.members.iter().all(|m| {
-                self.tick_batch(m.base_tick, m.publish_tick) == key
-                    && group_of(key, &m.id.src, cfg.groups) == group
-                    && !self.applied.contains(&m.id)
-                    && !self.given_up.contains(&m.id)
+        if aggregate.members.len() != count as usize
+            || !aggregate.members.iter().all(|m| {
+                self.tick_batch(m.base_tick, m.publish_tick) == key && group_of(key, &m.id.src, cfg.groups) == group
             })
+        {
+            return false;
+        }
+        // Decoding checked that the members are in id order.
+        let ids: Vec<(NodeId, u64)> = aggregate.members.iter().map(|m| (m.id.src, m.id.round)).collect();
+        !self.applied.contains_any_sorted(&ids) && !self.given_up.contains_any_sorted(&ids)
     }
 }
