@@ -178,9 +178,10 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
 }
 
 /// A thousand engines and the nodes' training allocate small blocks all
-/// run long, on both cores: mimalloc took the 1,000-node run's 25-s cut
-/// from 92.9 s to 80.7 s with glibc's arena per thread (BENCHMARKS.md,
-/// "1,000 nodes: the members of a tick booked in one pass").
+/// run long, on both cores: against glibc's arena per thread, mimalloc
+/// took the 1,000-node run to 0.94x its wall time and 0.73x its peak
+/// memory (BENCHMARKS.md, "1,000 nodes: the members of a tick booked in
+/// one pass, and mimalloc").
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
