@@ -270,9 +270,10 @@ mod tests {
 
     proptest::proptest! {
         /// A pass books the same set and vector, and calls the same
-        /// updates new (and finds one applied where a search does), as a check, an insert and an increment per update
-        /// in batch order: repeated sources, rounds out of order and
-        /// rounds beyond the window included.
+        /// updates new, as a check, an insert and an increment per update
+        /// in batch order; and it finds an update applied where a search
+        /// does. Repeated sources, rounds out of order and rounds beyond
+        /// the window included.
         #[test]
         fn booking_in_one_pass_matches_one_update_at_a_time(
             before in proptest::collection::vec((0u8..6, 0u64..200), 0..30),
