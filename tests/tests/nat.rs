@@ -214,7 +214,7 @@ fn nodes_behind_two_port_preserving_nats_punch_a_hole() {
     // Once punched, the relayed connection is closed: the nodes' traffic
     // crosses between the NATs, the relay keeps only their DHT and
     // identify chatter with the bootstrap.
-    assert!(run.direct > run.via_relay, "direct {} bytes, via the relay {}", run.direct, run.via_relay);
+    assert!(run.direct > run.via_relay, "direct {} bytes, via the relay {}:\n{logs}", run.direct, run.via_relay);
     for i in 0..2 {
         assert_eq!(run.status(i)["reachability"], "hole punched", "node {i}:\n{logs}");
     }

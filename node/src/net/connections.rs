@@ -20,14 +20,25 @@ use libp2p::{Multiaddr, PeerId, core::ConnectedPoint, multiaddr::Protocol, swarm
 pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// How long a peer is reached only through a relay before the first new
 /// hole punch; each further one waits twice as long. A punch fails now and
-/// then (the two dials of a simultaneous open miss each other on a loaded
-/// machine: under the full test suite's load the NAT lab saw two fail in a
-/// row, then one work), and until one works every byte goes through the
-/// relay, so the first retries come soon.
+/// then (two punches at once collide: see [`yields_to`]), and until one
+/// works every byte goes through the relay, so the first retries come soon.
 pub(crate) const PUNCH_RETRY_FIRST: Duration = Duration::from_secs(5);
 /// New hole punches offered to one peer at most, per spell of being
 /// relayed-only (5 s to 160 s apart: five minutes of tries).
 pub(crate) const PUNCH_RETRIES: u32 = 6;
+
+/// Whether we leave a new hole punch to `peer` when both of us dialed a
+/// circuit. Two peers that learn each other's circuit addresses at once
+/// (their DHT queries run in step: they started together) both dial one,
+/// and DCUtR runs a punch on each circuit, both between the same two NAT
+/// ports: their dials collide (the second finds the port pair taken and
+/// falls back to a fresh port the peer's NAT has no hole for; or the
+/// connection that forms has two ends that both think they dialed, and the
+/// handshake fails). Offered by both again in step, the punches would
+/// collide again, so only the smaller id offers them.
+fn yields_to(me: &PeerId, peer: &PeerId) -> bool {
+    me > peer
+}
 
 /// How a connection reaches its peer, worst first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,12 +141,17 @@ pub(crate) struct Due {
 
 /// Every established connection by peer (bounded by the swarm's own
 /// connections: an entry lives exactly as long as its connection).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Connections {
+    me: PeerId,
     peers: HashMap<PeerId, Peer>,
 }
 
 impl Connections {
+    pub(crate) fn new(me: PeerId) -> Self {
+        Self { me, peers: HashMap::new() }
+    }
+
     /// A connection to `peer` is up.
     pub(crate) fn established(&mut self, peer: PeerId, id: ConnectionId, endpoint: &ConnectedPoint, now: Instant) {
         let kind = Kind::of(endpoint);
@@ -179,7 +195,10 @@ impl Connections {
             {
                 p.retries += 1;
                 p.next_retry = (p.retries < PUNCH_RETRIES).then(|| now + PUNCH_RETRY_FIRST * 2u32.pow(p.retries));
-                due.redial.push((*peer, circuit.clone(), p.retries));
+                let peer_dialed_one = p.conns.iter().any(|c| c.kind == Kind::Relayed && !c.dialed);
+                if !(peer_dialed_one && yields_to(&self.me, peer)) {
+                    due.redial.push((*peer, circuit.clone(), p.retries));
+                }
             }
         }
         due
@@ -211,6 +230,17 @@ mod tests {
         }
     }
 
+    /// A node's id (`PeerId::random` has another format, below every
+    /// real id).
+    fn node_id() -> PeerId {
+        libp2p::identity::Keypair::generate_ed25519().public().to_peer_id()
+    }
+
+    /// An id of ours below `peer`'s: we never yield to it.
+    fn me_below(peer: &PeerId) -> PeerId {
+        std::iter::repeat_with(node_id).find(|me| me < peer).unwrap()
+    }
+
     fn direct() -> ConnectedPoint {
         dialer("/ip4/10.0.0.2/tcp/1".parse().unwrap())
     }
@@ -228,7 +258,7 @@ mod tests {
     #[test]
     fn a_relayed_connection_after_a_direct_one_is_closed_and_the_peer_reads_direct() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
-        let mut c = Connections::default();
+        let mut c = Connections::new(me_below(&peer));
         c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
         c.established(peer, ConnectionId::new_unchecked(2), &direct(), t0);
         c.established(peer, ConnectionId::new_unchecked(3), &dialer(circuit()), t0 + Duration::from_secs(1));
@@ -243,7 +273,7 @@ mod tests {
     #[test]
     fn a_relayed_only_peer_is_offered_new_hole_punches_with_back_off_until_one_works() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
-        let mut c = Connections::default();
+        let mut c = Connections::new(me_below(&peer));
         c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
         assert_eq!(c.kind(&peer), Some("relayed"));
         assert!(c.due(t0 + PUNCH_RETRY_FIRST - Duration::from_millis(1)).redial.is_empty());
@@ -274,7 +304,7 @@ mod tests {
     #[test]
     fn a_circuit_the_peer_dialed_is_left_to_the_peer_while_relayed_only() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
-        let mut c = Connections::default();
+        let mut c = Connections::new(me_below(&peer));
         let inbound = inbound_circuit();
         c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
         c.established(peer, ConnectionId::new_unchecked(2), &dialer(circuit()), t0);
@@ -285,7 +315,7 @@ mod tests {
     #[test]
     fn retries_are_bounded_and_need_a_circuit_we_dialed() {
         let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
-        let mut c = Connections::default();
+        let mut c = Connections::new(me_below(&peer));
         let inbound = inbound_circuit();
         c.established(peer, ConnectionId::new_unchecked(1), &inbound, t0);
         assert!(c.due(t0 + Duration::from_secs(3600)).redial.is_empty(), "the dialing side retries, not us");
@@ -299,5 +329,27 @@ mod tests {
             redials += c.due(t).redial.len();
         }
         assert_eq!(redials as u32, PUNCH_RETRIES);
+    }
+
+    /// Both of us dialed a circuit and both punches failed: only the
+    /// smaller id offers the next one, so two punches never run at once.
+    #[test]
+    fn when_both_dialed_a_circuit_only_the_smaller_id_offers_a_new_punch() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let above = std::iter::repeat_with(node_id).find(|me| *me > peer).unwrap();
+        for (me, offers) in [(me_below(&peer), true), (above, false)] {
+            let mut c = Connections::new(me);
+            c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
+            c.established(peer, ConnectionId::new_unchecked(2), &inbound_circuit(), t0);
+            let redials: usize =
+                (1..=PUNCH_RETRIES).map(|i| c.due(t0 + Duration::from_secs(600 * u64::from(i))).redial.len()).sum();
+            assert_eq!(redials, if offers { PUNCH_RETRIES as usize } else { 0 }, "me {me}, peer {peer}");
+        }
+        // Once the peer's circuit is gone, the larger id offers its own.
+        let mut c = Connections::new(above);
+        c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
+        c.established(peer, ConnectionId::new_unchecked(2), &inbound_circuit(), t0);
+        c.closed(peer, ConnectionId::new_unchecked(2), t0);
+        assert_eq!(c.due(t0 + PUNCH_RETRY_FIRST).redial, vec![(peer, circuit(), 1)]);
     }
 }

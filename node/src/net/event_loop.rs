@@ -40,6 +40,12 @@ pub(crate) const PROVIDER_TTL: Duration = Duration::from_secs(600);
 
 /// Least time between two announcements prompted by new peers.
 const REANNOUNCE_MIN_GAP: Duration = Duration::from_secs(5);
+/// How long after a new relay reservation we look up peers again. Peers
+/// behind NATs are dialed through their circuits, which the DHT knows only
+/// once their reservations are made; theirs are made when ours is (AutoNAT
+/// decides for all of us at about the same time), so a lookup a moment
+/// later finds them, instead of the next periodic one up to 30 s later.
+const LOOKUP_AFTER_RESERVATION: Duration = Duration::from_secs(2);
 
 /// Our provider announcement: the key, when it last reached a peer, and
 /// when we last tried.
@@ -85,9 +91,10 @@ pub fn spawn(
         next_inbound: 0,
         penalties: BTreeMap::new(),
         listen: Vec::new(),
-        connections: Connections::default(),
+        connections: Connections::new(local),
         providing: None,
         provider_queries: HashMap::new(),
+        lookup_soon: false,
     };
     let handle = tokio::spawn(task.run());
     Ok((Client { tx: cmd_tx, local }, ev_rx, handle))
@@ -131,6 +138,8 @@ struct EventLoop {
     providing: Option<Providing>,
     /// Provider lookups: who waits for them and what they found so far.
     provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
+    /// A relay reservation was just made: look up peers again soon.
+    lookup_soon: bool,
 }
 
 impl EventLoop {
@@ -151,6 +160,9 @@ impl EventLoop {
                         self.announce(false);
                     }
                 }
+            }
+            if std::mem::take(&mut self.lookup_soon) {
+                bootstrap.reset_after(LOOKUP_AFTER_RESERVATION);
             }
         }
     }
@@ -475,7 +487,12 @@ impl EventLoop {
                 });
             }
             NodeBehaviourEvent::Relay(e) => self.metrics.record(&e),
-            NodeBehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted { relay_peer_id, .. }) => {
+            NodeBehaviourEvent::RelayClient(relay::client::Event::ReservationReqAccepted {
+                relay_peer_id,
+                renewal,
+                ..
+            }) => {
+                self.lookup_soon |= !renewal;
                 self.emit(Event::RelayReserved(relay_peer_id));
             }
             NodeBehaviourEvent::Autonat(autonat::Event::StatusChanged { new, .. }) => {
