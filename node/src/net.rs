@@ -7,6 +7,7 @@ mod behaviour;
 mod codec;
 mod connections;
 mod event_loop;
+mod lan_dials;
 mod score;
 mod transport;
 
@@ -21,6 +22,14 @@ pub use event_loop::{peer_of, spawn};
 /// manifest and the replica state through it.
 pub fn run_key(run: &ragtag_protocol::ids::RunId) -> libp2p::kad::RecordKey {
     libp2p::kad::RecordKey::new(&format!("/ragtag/run/{run}"))
+}
+
+/// Whether we leave the first move to `peer` when both of us would make it
+/// at once (dial each other on finding each other, offer a new hole punch
+/// on the circuits both dialed): two moves at once collide, so only the
+/// smaller id moves.
+fn yields_to(me: &PeerId, peer: &PeerId) -> bool {
+    me > peer
 }
 
 /// Providers one lookup collects at most.
@@ -310,5 +319,16 @@ impl Client {
     /// Stops the network task.
     pub async fn shutdown(&self) {
         let _ = self.send(Command::Shutdown).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use libp2p::PeerId;
+
+    /// A node's id (`PeerId::random` has another format, below every
+    /// real id).
+    pub(crate) fn node_id() -> PeerId {
+        libp2p::identity::Keypair::generate_ed25519().public().to_peer_id()
     }
 }

@@ -15,6 +15,8 @@ use std::{
 
 use libp2p::{Multiaddr, PeerId, core::ConnectedPoint, multiaddr::Protocol, swarm::ConnectionId};
 
+use super::yields_to;
+
 /// How long a relayed connection stays open once it is redundant, so
 /// requests under way on it finish.
 pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
@@ -27,18 +29,14 @@ pub(crate) const PUNCH_RETRY_FIRST: Duration = Duration::from_secs(5);
 /// relayed-only (5 s to 160 s apart: five minutes of tries).
 pub(crate) const PUNCH_RETRIES: u32 = 6;
 
-/// Whether we leave a new hole punch to `peer` when both of us dialed a
-/// circuit. Two peers that learn each other's circuit addresses at once
-/// (their DHT queries run in step: they started together) both dial one,
-/// and DCUtR runs a punch on each circuit, both between the same two NAT
-/// ports: their dials collide (the second finds the port pair taken and
-/// falls back to a fresh port the peer's NAT has no hole for; or the
-/// connection that forms has two ends that both think they dialed, and the
-/// handshake fails). Offered by both again in step, the punches would
-/// collide again, so only the smaller id offers them.
-fn yields_to(me: &PeerId, peer: &PeerId) -> bool {
-    me > peer
-}
+// Why only one side offers a new punch when both dialed a circuit: two
+// peers that learn each other's circuit addresses at once (their DHT
+// queries run in step: they started together) both dial one, and DCUtR runs
+// a punch on each circuit, both between the same two NAT ports: their dials
+// collide (the second finds the port pair taken and falls back to a fresh
+// port the peer's NAT has no hole for; or the connection that forms has two
+// ends that both think they dialed, and the handshake fails). Offered by
+// both again in step, the punches would collide again.
 
 /// How a connection reaches its peer, worst first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -210,6 +208,7 @@ mod tests {
     use libp2p::core::{Endpoint, transport::PortUse};
 
     use super::*;
+    use crate::net::tests::node_id;
 
     const PEER: &str = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA";
 
@@ -228,12 +227,6 @@ mod tests {
             local_addr: format!("/ip4/10.0.0.1/tcp/1/p2p/{PEER}/p2p-circuit").parse().unwrap(),
             send_back_addr: format!("/p2p/{PEER}").parse().unwrap(),
         }
-    }
-
-    /// A node's id (`PeerId::random` has another format, below every
-    /// real id).
-    fn node_id() -> PeerId {
-        libp2p::identity::Keypair::generate_ed25519().public().to_peer_id()
     }
 
     /// An id of ours below `peer`'s: we never yield to it.

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     COMMAND_CAPACITY, Client, Command, Config, EVENT_CAPACITY, Event, NetError, NetInfo, NodeBehaviour,
-    NodeBehaviourEvent, connections::Connections,
+    NodeBehaviourEvent, connections::Connections, lan_dials::LanDials,
 };
 
 /// Inbound requests awaiting our response at most.
@@ -92,6 +92,7 @@ pub fn spawn(
         penalties: BTreeMap::new(),
         listen: Vec::new(),
         connections: Connections::new(local),
+        lan_dials: LanDials::new(local),
         providing: None,
         provider_queries: HashMap::new(),
         lookup_soon: false,
@@ -135,6 +136,8 @@ struct EventLoop {
     /// How each peer is reached; relayed connections to retire, hole
     /// punches to offer again.
     connections: Connections,
+    /// Dials of peers mDNS found that we hold back for them to dial first.
+    lan_dials: LanDials,
     providing: Option<Providing>,
     /// Provider lookups: who waits for them and what they found so far.
     provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
@@ -167,10 +170,16 @@ impl EventLoop {
         }
     }
 
-    /// Closes relayed connections a direct one made redundant, and dials a
-    /// relayed-only peer's circuit again so it tries another hole punch.
+    /// Closes relayed connections a direct one made redundant, dials a
+    /// relayed-only peer's circuit again so it tries another hole punch,
+    /// and dials the LAN peers whose dial we held back if they did not dial
+    /// us meanwhile.
     fn housekeeping(&mut self) {
-        let due = self.connections.due(Instant::now());
+        let now = Instant::now();
+        for peer in self.lan_dials.due(now) {
+            self.dial_lan_peer(peer);
+        }
+        let due = self.connections.due(now);
         for id in due.close {
             self.swarm.close_connection(id);
         }
@@ -259,6 +268,7 @@ impl EventLoop {
             },
             kad::Event::RoutingUpdated { peer, addresses, .. }
                 if !self.swarm.is_connected(&peer)
+                    && !self.lan_dials.is_held(&peer)
                     && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
                     && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer)) =>
             {
@@ -269,6 +279,17 @@ impl EventLoop {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Dials a peer mDNS found, at the addresses mDNS and the DHT know,
+    /// unless a connection to it is up or being dialed.
+    fn dial_lan_peer(&mut self, peer: PeerId) {
+        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+            .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+            .build();
+        if let Err(e) = self.swarm.dial(opts) {
+            tracing::debug!("dialing {peer} on the LAN: {e}");
         }
     }
 
@@ -469,10 +490,12 @@ impl EventLoop {
                 self.on_kad(e);
             }
             NodeBehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
+                let now = Instant::now();
                 for (peer, addr) in found {
-                    self.swarm.behaviour_mut().kad.add_address(&peer, addr.clone());
-                    if !self.swarm.is_connected(&peer) {
-                        let _ = self.swarm.dial(addr);
+                    // Held dials too: the DHT then knows where to dial it.
+                    self.swarm.behaviour_mut().kad.add_address(&peer, addr);
+                    if self.lan_dials.found(peer, now) {
+                        self.dial_lan_peer(peer);
                     }
                 }
             }
