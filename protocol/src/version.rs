@@ -215,6 +215,11 @@ impl AppliedSet {
     pub fn sources(&self) -> usize {
         self.0.len()
     }
+
+    /// Each source with its count of updates applied within the window.
+    pub fn recent_counts(&self) -> impl Iterator<Item = (&NodeId, u32)> {
+        self.0.iter().map(|(id, r)| (id, r.bits.count_ones()))
+    }
 }
 
 #[cfg(test)]
