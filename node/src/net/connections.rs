@@ -22,21 +22,12 @@ use super::yields_to;
 pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// How long a peer is reached only through a relay before the first new
 /// hole punch; each further one waits twice as long. A punch fails now and
-/// then (two punches at once collide: see [`yields_to`]), and until one
+/// then (two punches at once collide: see [`Connections::due`]), and until one
 /// works every byte goes through the relay, so the first retries come soon.
 pub(crate) const PUNCH_RETRY_FIRST: Duration = Duration::from_secs(5);
 /// New hole punches offered to one peer at most, per spell of being
 /// relayed-only (5 s to 160 s apart: five minutes of tries).
 pub(crate) const PUNCH_RETRIES: u32 = 6;
-
-// Why only one side offers a new punch when both dialed a circuit: two
-// peers that learn each other's circuit addresses at once (their DHT
-// queries run in step: they started together) both dial one, and DCUtR runs
-// a punch on each circuit, both between the same two NAT ports: their dials
-// collide (the second finds the port pair taken and falls back to a fresh
-// port the peer's NAT has no hole for; or the connection that forms has two
-// ends that both think they dialed, and the handshake fails). Offered by
-// both again in step, the punches would collide again.
 
 /// How a connection reaches its peer, worst first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -193,6 +184,16 @@ impl Connections {
             {
                 p.retries += 1;
                 p.next_retry = (p.retries < PUNCH_RETRIES).then(|| now + PUNCH_RETRY_FIRST * 2u32.pow(p.retries));
+                // When both dialed a circuit, only one side offers a new
+                // punch. Two peers that learn each other's circuit
+                // addresses at once (their DHT queries run in step: they
+                // started together) both dial one, and DCUtR runs a punch
+                // on each, both between the same two NAT ports: their dials
+                // collide (the second finds the port pair taken and falls
+                // back to a fresh port the peer's NAT has no hole for; or
+                // the connection that forms has two ends that both think
+                // they dialed, and the handshake fails). Offered by both
+                // again in step, the punches would collide again.
                 let peer_dialed_one = p.conns.iter().any(|c| c.kind == Kind::Relayed && !c.dialed);
                 if !(peer_dialed_one && yields_to(&self.me, peer)) {
                     due.redial.push((*peer, circuit.clone(), p.retries));
