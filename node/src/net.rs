@@ -26,8 +26,9 @@ pub fn run_key(run: &ragtag_protocol::ids::RunId) -> libp2p::kad::RecordKey {
 
 /// Whether we leave the first move to `peer` when both of us would make it
 /// at once (dial each other on finding each other, offer a new hole punch
-/// on the circuits both dialed): two moves at once collide, so only the
-/// smaller id moves.
+/// on the circuits both dialed): two moves at once collide, so the smaller
+/// id moves first (the larger one dials a LAN peer later, if still
+/// needed, and offers no punch while the peer's circuit is open).
 fn yields_to(me: &PeerId, peer: &PeerId) -> bool {
     me > peer
 }

@@ -237,6 +237,9 @@ pub struct Engine {
     averaged_this_round: bool,
     /// A far anchor waiting for a second peer to vouch for it.
     far_candidate: Option<anti_entropy::FarCandidate>,
+    /// The peer whose far anchor, with nobody to vouch for it, we last
+    /// fetched whole, and our round then.
+    far_checked: Option<(NodeId, u64)>,
     /// The anchor our last round started from.
     last_base: Option<Arc<Vec<f32>>>,
     /// The last tick in which a starved speed estimate was probed.
@@ -313,6 +316,7 @@ impl Engine {
             averaged_this_round: false,
             last_base: None,
             far_candidate: None,
+            far_checked: None,
             last_probe_tick: None,
             wake_at: None,
             idle: idle::IdleClock::default(),

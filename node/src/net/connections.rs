@@ -22,7 +22,7 @@ use super::yields_to;
 pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// How long a peer is reached only through a relay before the first new
 /// hole punch; each further one waits twice as long. A punch fails now and
-/// then (two punches at once collide: see [`Connections::due`]), and until one
+/// then (two punches at once collide: see the comment in `Connections::due`), and until one
 /// works every byte goes through the relay, so the first retries come soon.
 pub(crate) const PUNCH_RETRY_FIRST: Duration = Duration::from_secs(5);
 /// New hole punches offered to one peer at most, per spell of being

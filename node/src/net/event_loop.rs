@@ -231,7 +231,10 @@ impl EventLoop {
         }
         let answer = last || !so_far.is_empty();
         for p in dial {
-            if !self.swarm.is_connected(&p) && self.swarm.connected_peers().count() < MAX_DIALED_PEERS {
+            if !self.swarm.is_connected(&p)
+                && !self.lan_dials.is_held(&p)
+                && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
+            {
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(p)
                     .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
                     .build();

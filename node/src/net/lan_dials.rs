@@ -17,7 +17,9 @@ use libp2p::PeerId;
 
 use super::yields_to;
 
-/// How long the larger id holds back its dial of a peer mDNS found.
+/// How long the larger id holds back its dial of a peer mDNS found, at
+/// least (the dial goes out at the next housekeeping tick after it, 2 s
+/// apart: 3-5 s after the discovery).
 pub(crate) const LAN_DIAL_HOLD: Duration = Duration::from_secs(3);
 /// Dials held at most; a LAN with more new peers at once gets the rest
 /// dialed at once (a collision costs a dial, not correctness).

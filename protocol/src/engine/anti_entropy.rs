@@ -55,6 +55,12 @@ const VOUCH_ROUNDS: u64 = 2;
 /// anchor's in the NAT lab's logs), and the whole anchor decides.
 const FAR_BY_SKETCH_MARGIN: f32 = 1.1;
 
+/// Our rounds between two whole fetches of the far anchor of a peer nobody
+/// could vouch for: the sketch's fixed positions may line up with a
+/// layer's rows and misjudge the distance, so the whole anchor is checked
+/// now and then rather than never.
+const FAR_RECHECK_ROUNDS: u64 = 16;
+
 /// An anchor asked for after matching digests: what it must still match
 /// when it arrives.
 #[derive(Debug)]
@@ -154,12 +160,17 @@ impl Engine {
             // A far anchor is kept only to be vouched for; with nobody to
             // vouch, it would be fetched and refused at every digest (two
             // nodes that trained apart before they met: 3.6 MB each in
-            // 80 s, the replicas 47% apart).
+            // 80 s, the replicas 47% apart). So it is fetched whole once
+            // every few rounds, and refused from the sketch in between.
             if let Some(r) = rounds.filter(|r| r.is_nan() || *r > MAX_ANCHOR_DISTANCE_ROUNDS * FAR_BY_SKETCH_MARGIN)
                 && !self.could_vouch_for(&from)
             {
-                self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds: r } });
-                return;
+                let round = self.round;
+                if self.far_checked.is_some_and(|(p, at)| p == from && round < at + FAR_RECHECK_ROUNDS) {
+                    self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds: r } });
+                    return;
+                }
+                self.far_checked = Some((from, round));
             }
             self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
@@ -623,12 +634,14 @@ mod tests {
 
     /// Two nodes that trained apart before they met: each fetched the
     /// other's far anchor at every digest and refused it, as nobody could
-    /// vouch for it. Now it is refused from the digest's sketch, unfetched,
-    /// while a near one is still fetched, and a far one too once a second
-    /// contributor could vouch for it.
+    /// vouch for it. Now it is fetched whole once every few rounds and
+    /// refused from the digest's sketch in between, while a near one is
+    /// fetched every time, and a far one too while a second contributor
+    /// could vouch for it.
     #[test]
-    fn a_far_anchor_nobody_could_vouch_for_is_refused_unfetched() {
+    fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
         let peer = NodeId([2; 32]);
+        let far = || vec![1.0 + 3.0 / 8f32.sqrt(); 8];
         let fetched = |out: &[Output]| out.iter().any(|o| matches!(o, Output::FetchAnchor { .. }));
         let two_nodes = || {
             let mut e = engine_moving(Some(1.0));
@@ -636,30 +649,41 @@ mod tests {
             e
         };
         let mut e = two_nodes();
-        let out = offer(&mut e, peer, vec![1.0 + 3.0 / 8f32.sqrt(); 8]);
-        assert!(!fetched(&out), "nobody could vouch for it");
+        let out = offer(&mut e, peer, far());
+        assert!(fetched(&out), "the first time, the whole anchor is checked");
         assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { rounds }) if (rounds - 3.0).abs() < 0.1));
+        for _ in 0..FAR_RECHECK_ROUNDS {
+            let out = offer(&mut e, peer, far());
+            assert!(!fetched(&out), "nobody could vouch for it: refused from the sketch");
+            assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { rounds }) if (rounds - 3.0).abs() < 0.1));
+            e.round += 1;
+        }
+        assert!(fetched(&offer(&mut e, peer, far())), "checked whole again");
         assert_eq!(e.anchor(), &[1.0; 8]);
         // Just past the limit, within the sketch's margin: the whole anchor
-        // decides.
-        let out = offer(&mut two_nodes(), peer, vec![1.0 + 2.1 / 8f32.sqrt(); 8]);
-        assert!(fetched(&out));
-        assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
-        let (e, out) = {
-            let mut e = two_nodes();
-            let out = offer(&mut e, peer, vec![1.0 + 1.5 / 8f32.sqrt(); 8]);
-            (e, out)
-        };
+        // decides every time.
+        let mut e = two_nodes();
+        for _ in 0..2 {
+            let out = offer(&mut e, peer, vec![1.0 + 2.1 / 8f32.sqrt(); 8]);
+            assert!(fetched(&out));
+            assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+        }
+        let mut e = two_nodes();
+        let out = offer(&mut e, peer, vec![1.0 + 1.5 / 8f32.sqrt(); 8]);
         assert!(fetched(&out) && refusal(&out).is_none(), "a near anchor is fetched and used");
         assert_eq!(e.stats().anchors_averaged, 1);
-        // Node 4 has three updates in our replica: it could vouch.
+        // Node 4 has three updates in our replica: it could vouch, so the
+        // far anchor is fetched at every digest.
         let mut e = engine_moving(Some(1.0));
-        assert!(fetched(&offer(&mut e, peer, vec![1.0 + 3.0 / 8f32.sqrt(); 8])));
+        for _ in 0..2 {
+            assert!(fetched(&offer(&mut e, peer, far())));
+        }
         // A far anchor of another peer's waits for a voucher: the peer's
         // may vouch for it, so it is fetched.
         let mut e = two_nodes();
+        e.far_checked = Some((peer, e.round));
         e.far_candidate = Some(FarCandidate { peer: NodeId([4; 32]), anchor: vec![4.0; 8], round: e.round });
-        assert!(fetched(&offer(&mut e, peer, vec![1.0 + 3.0 / 8f32.sqrt(); 8])));
+        assert!(fetched(&offer(&mut e, peer, far())));
     }
 
     /// Unsolicited digests cannot buy a second average in the same round.
