@@ -1,15 +1,28 @@
-//! Any bytes from the network: decode, then open every signed part.
+//! Any bytes from the network: decode, then open every signed part; a
+//! bulk message read by its head (as the stream codec reads it) decodes to
+//! exactly what the whole decode gives.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ragtag_protocol::{
     ids::{Hash32, RunId},
     validate::UpdateValidator,
-    wire::Message,
+    wire::{MAX_SPLIT_HEAD, Message, parse_split_head},
 };
 
+/// The stream codec's way: the head from the first bytes, then the rest.
+fn read_split(data: &[u8]) -> Option<Message> {
+    match parse_split_head(&data[..data.len().min(MAX_SPLIT_HEAD)]).ok()? {
+        None => Message::decode(data).ok(),
+        Some(h) if data.len() != h.head_len() + h.tail_len() => None,
+        Some(h) => h.into_message(data[h.head_len()..].to_vec()).ok(),
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(msg) = Message::decode(data) else { return };
+    let whole = Message::decode(data);
+    assert_eq!(read_split(data), whole.clone().ok());
+    let Ok(msg) = whole else { return };
     // Whatever decodes re-encodes within its kind's limit.
     assert!(msg.encode().len() <= msg.kind().max_len());
     let validator = UpdateValidator::new(RunId(Hash32([0; 32])), 64, 50, None);

@@ -9,7 +9,11 @@ use std::{
     sync::Arc,
 };
 
-use ragtag_protocol::{identity::Signed, ids::UpdateId, wire::UpdateAnnouncement};
+use ragtag_protocol::{
+    identity::Signed,
+    ids::{Hash32, UpdateId},
+    wire::UpdateAnnouncement,
+};
 
 /// A stored update.
 #[derive(Debug, Clone)]
@@ -18,6 +22,10 @@ pub struct StoredUpdate {
     pub announcement: Signed<UpdateAnnouncement>,
     /// The payload.
     pub payload: Arc<Vec<u8>>,
+    /// The payload's blake3, as its announcement names it (the validator
+    /// checked it on the way in; the engine computed our own): served with
+    /// every chunk, so it is kept rather than hashed again per request.
+    pub payload_hash: Hash32,
 }
 
 /// The bounded store.
@@ -139,7 +147,14 @@ mod tests {
             payload_len: len as u64,
             payload_hash: Hash32::default(),
         };
-        (id, StoredUpdate { announcement: Signed::sign(&a, k), payload: Arc::new(vec![0; len]) })
+        (
+            id,
+            StoredUpdate {
+                announcement: Signed::sign(&a, k),
+                payload: Arc::new(vec![0; len]),
+                payload_hash: a.payload_hash,
+            },
+        )
     }
 
     #[test]

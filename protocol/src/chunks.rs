@@ -27,6 +27,11 @@ pub enum ChunkError {
     HashMismatch,
 }
 
+/// The most room an object's first chunk reserves for the whole: a peer
+/// claiming a huge object cannot make us reserve more than this before it
+/// has sent that much.
+const UPFRONT_RESERVE_CAP: u64 = 64 << 20;
+
 /// An object being reassembled.
 #[derive(Debug)]
 pub struct Reassembly {
@@ -64,6 +69,13 @@ impl Reassembly {
         }
         if chunk.bytes.is_empty() && reached < total {
             return Err(ChunkError::Stalled);
+        }
+        // Room for the whole object at once (what it claimed, already
+        // checked against the limit, up to a cap): growing by doubling would
+        // copy it again at every doubling.
+        let room = total.min(UPFRONT_RESERVE_CAP) as usize;
+        if self.buf.capacity() < room {
+            self.buf.reserve_exact(room - self.buf.len());
         }
         self.buf.extend_from_slice(&chunk.bytes);
         if reached < total {

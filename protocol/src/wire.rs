@@ -14,7 +14,9 @@
 use serde::{Deserialize, Serialize};
 
 mod kind;
+mod split;
 pub use kind::{MessageKind, max_message_len};
+pub use split::{MAX_SPLIT_HEAD, SplitHead, parse_split_head};
 
 use crate::{
     aggregate::AggregateAnnouncement,

@@ -8,7 +8,7 @@ use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family},
 };
-use ragtag_protocol::wire::{Message, MessageKind, max_message_len};
+use ragtag_protocol::wire::{MAX_SPLIT_HEAD, Message, MessageKind, max_message_len, parse_split_head};
 
 /// Which way a message went, and its kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,41 +51,43 @@ impl WireCodec {
     }
 }
 
-/// Reads one message: its first two bytes name its kind, which sets the
-/// limit for the rest (checked while reading) and, for the kinds that
-/// carry chunks of a large object, a buffer allocated whole at once
-/// instead of doubling through the read.
+/// Reads one message. Its first bytes name its kind, which sets the limit
+/// for the rest (checked while reading). A bulk message (a chunk, a probe
+/// reply) is read as its head, which says how many bytes follow, then those
+/// bytes straight into a buffer of exactly their size: a megabyte chunk is
+/// not copied out of a message buffer into a chunk of its own.
 async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Result<(Message, usize)> {
-    let mut head = [0u8; 2];
-    let mut got = 0;
-    while got < head.len() {
-        match io.read(&mut head[got..]).await? {
-            0 => break,
-            n => got += n,
+    let mut first = Vec::with_capacity(MAX_SPLIT_HEAD);
+    io.take(MAX_SPLIT_HEAD as u64).read_to_end(&mut first).await?;
+    if let Some(head) = parse_split_head(&first).map_err(std::io::Error::other)? {
+        let (h, t) = (head.head_len(), head.tail_len());
+        if first.len() > h + t {
+            return Err(std::io::Error::other(format!("{} bytes after the message", first.len() - h - t)));
         }
+        // `t` is within the kind's limit (checked with the head); one byte
+        // more lets the read see the end without growing the buffer.
+        let mut tail = Vec::with_capacity(t + 1);
+        tail.extend_from_slice(&first[h..]);
+        io.take((t - tail.len()) as u64 + 1).read_to_end(&mut tail).await?;
+        let message = head.into_message(tail).map_err(std::io::Error::other)?;
+        return Ok((message, h + t));
     }
-    let kind = MessageKind::of_encoded(&head[..got]);
-    let limit = kind.map_or(max_message_len(), MessageKind::max_len) as u64;
-    let bulk = matches!(
-        kind,
-        Some(
-            MessageKind::PayloadChunk | MessageKind::StateChunk | MessageKind::AggregateChunk | MessageKind::ProbeReply
-        )
-    );
-    let mut buf = Vec::with_capacity(if bulk { limit as usize + 64 } else { 256 });
-    buf.extend_from_slice(&head[..got]);
-    io.take(limit + 1 - got as u64).read_to_end(&mut buf).await?;
+    let limit = MessageKind::of_encoded(&first).map_or(max_message_len(), MessageKind::max_len) as u64;
+    let mut buf = first;
+    io.take((limit + 1).saturating_sub(buf.len() as u64)).read_to_end(&mut buf).await?;
     if buf.len() as u64 > limit {
         return Err(std::io::Error::other(format!("message over the {limit}-byte limit")));
     }
     Ok((Message::decode(&buf).map_err(std::io::Error::other)?, buf.len()))
 }
 
+/// Writes one message; a bulk message's bytes go from where they lie.
 async fn write_message<T: AsyncWrite + Unpin + Send>(io: &mut T, m: &Message) -> std::io::Result<usize> {
-    let bytes = m.encode();
-    io.write_all(&bytes).await?;
+    let (head, tail) = m.encode_split();
+    io.write_all(&head).await?;
+    io.write_all(tail).await?;
     io.close().await?;
-    Ok(bytes.len())
+    Ok(head.len() + tail.len())
 }
 
 impl request_response::Codec for WireCodec {
@@ -188,6 +190,30 @@ mod tests {
             let mut out = Vec::new();
             c.write_response(&proto, &mut out, chunk.clone()).await.unwrap();
             assert_eq!(c.read_response(&proto, &mut Cursor::new(out)).await.unwrap(), chunk);
+        });
+    }
+
+    /// A chunk read by its head: its bytes cut short, or followed by more,
+    /// refuse the message as a whole decode would; whole, it reads back.
+    #[test]
+    fn a_bulk_message_cut_short_or_run_long_is_refused() {
+        futures::executor::block_on(async {
+            let proto = StreamProtocol::new("/t");
+            let mut c = WireCodec::default();
+            for len in [0, 10, 100_000] {
+                let chunk = Message::StateChunk(ragtag_protocol::wire::Chunk {
+                    total_len: 1 << 30,
+                    offset: 7,
+                    hash: Default::default(),
+                    bytes: vec![5; len],
+                });
+                let whole = chunk.encode();
+                assert_eq!(c.read_response(&proto, &mut Cursor::new(whole.clone())).await.unwrap(), chunk);
+                let short = whole[..whole.len() - 1].to_vec();
+                assert!(c.read_response(&proto, &mut Cursor::new(short)).await.is_err(), "cut short, {len} bytes");
+                let long = [whole, vec![0]].concat();
+                assert!(c.read_response(&proto, &mut Cursor::new(long)).await.is_err(), "run long, {len} bytes");
+            }
         });
     }
 }

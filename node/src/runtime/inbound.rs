@@ -213,7 +213,7 @@ impl Node {
         }
         self.validator.record_accepted_norm(norm);
         let payload = Arc::new(payload);
-        self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone() });
+        self.store.insert(a.id, StoredUpdate { announcement, payload: payload.clone(), payload_hash: a.payload_hash });
         let src = a.id.src;
         self.engine.handle(now(), Input::Update { announcement: a, from: src, payload });
         Ok(())
@@ -316,11 +316,8 @@ impl Node {
         }
         match msg {
             Message::PayloadRequest(r) => match self.store.get(&r.id) {
-                Some(u) => {
-                    let hash = ragtag_protocol::ids::Hash32::of(&u.payload);
-                    fetch::chunk_of(&u.payload, hash, r.offset, r.max_len)
-                        .map_or(Message::Error(ErrorReply::BadRequest), Message::PayloadChunk)
-                }
+                Some(u) => fetch::chunk_of(&u.payload, u.payload_hash, r.offset, r.max_len)
+                    .map_or(Message::Error(ErrorReply::BadRequest), Message::PayloadChunk),
                 None => Message::Error(ErrorReply::NotFound),
             },
             Message::AnnouncementRequest(id) => match self.store.get(&id) {
@@ -388,8 +385,13 @@ impl Node {
                         self.received(Self::peer_of(&from), bytes.len());
                         self.validator.record_accepted_norm(norm);
                         let payload = Arc::new(bytes);
-                        if let Some((_, signed)) = self.announced.remove(&id) {
-                            self.store.insert(id, StoredUpdate { announcement: signed, payload: payload.clone() });
+                        if let Some((a, signed)) = self.announced.remove(&id) {
+                            let stored = StoredUpdate {
+                                announcement: signed,
+                                payload: payload.clone(),
+                                payload_hash: a.payload_hash,
+                            };
+                            self.store.insert(id, stored);
                         }
                         self.engine.handle(now(), Input::Payload { id, bytes: payload });
                     }

@@ -47,7 +47,11 @@ impl Node {
                 self.metrics.published.inc();
                 let signed = Signed::sign(&p.announcement, &self.opts.key);
                 let id = p.announcement.id;
-                self.store.insert(id, StoredUpdate { announcement: signed.clone(), payload: p.payload.clone() });
+                let payload_hash = p.announcement.payload_hash;
+                self.store.insert(
+                    id,
+                    StoredUpdate { announcement: signed.clone(), payload: p.payload.clone(), payload_hash },
+                );
                 let m = if p.payload.len() <= MAX_INLINE_PAYLOAD {
                     Message::Update { announcement: signed, payload: p.payload.as_ref().clone() }
                 } else {
