@@ -190,16 +190,16 @@ impl Engine {
     }
 
     /// Whether a far anchor of `peer`'s could be vouched for: a far anchor
-    /// of another peer's waits for a voucher, or another contributor could
-    /// serve one.
+    /// of another peer's waits for a voucher, or another live contributor
+    /// could serve one (one that left keeps its updates in our applied set,
+    /// but will not vouch again).
     fn could_vouch_for(&self, peer: &NodeId) -> bool {
         let waiting =
             self.far_candidate.as_ref().is_some_and(|c| c.peer != *peer && self.round <= c.round + VOUCH_ROUNDS);
         waiting
-            || self
-                .applied
-                .recent_counts()
-                .any(|(id, n)| id != peer && *id != self.me && n >= trust::CONTRIBUTOR_MIN_UPDATES)
+            || self.applied.recent_counts().any(|(id, n)| {
+                id != peer && *id != self.me && n >= trust::CONTRIBUTOR_MIN_UPDATES && self.membership.is_live(id)
+            })
     }
 
     /// An update a peer has seen but can no longer serve. Left missing, it

@@ -274,12 +274,19 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
     let out = offer(&mut e, peer, vec![1.0 + 1.5 / 8f32.sqrt(); 8]);
     assert!(fetched(&out) && refusal(&out).is_none(), "a near anchor is fetched and used");
     assert_eq!(e.stats().anchors_averaged, 1);
-    // Node 4 has three updates in our replica: it could vouch, so the
-    // far anchor is fetched at every digest.
+    // Node 4 has three updates in our replica and is live: it could vouch,
+    // so the far anchor is fetched at every digest.
     let mut e = engine_moving(Some(1.0));
+    let info = crate::engine::membership::PeerInfo { speed: 1.0, last_seen: Micros::ZERO, first_round: 0, round: 0 };
+    e.membership.heard(NodeId([4; 32]), info);
     for _ in 0..2 {
         assert!(fetched(&offer(&mut e, peer, far())));
     }
+    // Once it has left, its updates stay in our replica but it vouches no
+    // more: refused from the sketch after the first check.
+    e.membership.remove(&NodeId([4; 32]));
+    assert!(fetched(&offer(&mut e, peer, far())), "the first check after it left");
+    assert!(!fetched(&offer(&mut e, peer, far())), "a contributor that left cannot vouch");
     // A far anchor of another peer's waits for a voucher: the peer's
     // may vouch for it, so it is fetched.
     let mut e = two_nodes();
