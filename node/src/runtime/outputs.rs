@@ -152,11 +152,13 @@ impl Node {
                 let first = self.logged_states.len() < super::MAX_LOGGED_REJECTIONS
                     && self.logged_states.insert((peer, reason.name()));
                 match reason {
-                    StateRefusal::TooFar { .. } if first => tracing::warn!(
+                    StateRefusal::TooFar { .. } | StateRefusal::TooFarBySketch { .. } if first => tracing::warn!(
                         "{peer:?}'s replica state refused: {reason} (further refusals are counted in \
                          ragtag_state_refused_total, not logged)"
                     ),
-                    StateRefusal::TooFar { .. } => tracing::debug!("{peer:?}'s replica state refused: {reason}"),
+                    StateRefusal::TooFar { .. } | StateRefusal::TooFarBySketch { .. } => {
+                        tracing::debug!("{peer:?}'s replica state refused: {reason}")
+                    }
                     _ => tracing::info!("{peer:?}'s replica state not used: {reason}"),
                 }
             }

@@ -167,7 +167,8 @@ impl Engine {
             {
                 let round = self.round;
                 if self.far_checked.is_some_and(|(p, at)| p == from && round < at + FAR_RECHECK_ROUNDS) {
-                    self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds: r } });
+                    let reason = StateRefusal::TooFarBySketch { rounds: r };
+                    self.event(EngineEvent::AnchorRefused { peer: from, reason });
                     return;
                 }
                 self.far_checked = Some((from, round));

@@ -59,6 +59,16 @@ pub enum StateRefusal {
         /// Distance in rounds of our replica's movement.
         rounds: f32,
     },
+    /// As `TooFar`, estimated from the digest's sketch without fetching the
+    /// state: nobody could vouch for it, and it was checked whole lately.
+    #[error(
+        "its anchor's sketch lies {rounds:.1} rounds of movement from ours (limit {MAX_ANCHOR_DISTANCE_ROUNDS}; \
+         estimated, not fetched)"
+    )]
+    TooFarBySketch {
+        /// Estimated distance in rounds of our replica's movement.
+        rounds: f32,
+    },
     /// A joiner was served states that no second peer's state agrees with.
     #[error("no second peer served a state that agrees with it")]
     Unvouched,
@@ -76,6 +86,7 @@ impl StateRefusal {
             Self::TooSoon => "too_soon",
             Self::NoBaseline => "no_baseline",
             Self::TooFar { .. } => "too_far",
+            Self::TooFarBySketch { .. } => "too_far_by_sketch",
             Self::Unvouched => "unvouched",
             Self::Invalid(_) => "invalid",
         }
