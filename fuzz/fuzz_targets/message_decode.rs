@@ -21,7 +21,8 @@ fn read_split(data: &[u8]) -> Option<Message> {
 
 fuzz_target!(|data: &[u8]| {
     let whole = Message::decode(data);
-    assert_eq!(read_split(data), whole.clone().ok());
+    // Compared by encoding: a NaN in a digest's sketch is not equal to itself.
+    assert_eq!(read_split(data).map(|m| m.encode()), whole.as_ref().ok().map(Message::encode));
     let Ok(msg) = whole else { return };
     // Whatever decodes re-encodes within its kind's limit.
     assert!(msg.encode().len() <= msg.kind().max_len());

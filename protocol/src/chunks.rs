@@ -71,9 +71,10 @@ impl Reassembly {
             return Err(ChunkError::Stalled);
         }
         // Room for the whole object at once (what it claimed, already
-        // checked against the limit, up to a cap): growing by doubling would
-        // copy it again at every doubling.
-        let room = total.min(UPFRONT_RESERVE_CAP) as usize;
+        // checked against the limit): growing by doubling would copy it
+        // again at every doubling. Up to a cap until that much has come,
+        // then the whole.
+        let room = if self.offset() >= UPFRONT_RESERVE_CAP { total } else { total.min(UPFRONT_RESERVE_CAP) } as usize;
         if self.buf.capacity() < room {
             self.buf.reserve_exact(room - self.buf.len());
         }

@@ -57,7 +57,9 @@ impl WireCodec {
 /// bytes straight into a buffer of exactly their size: a megabyte chunk is
 /// not copied out of a message buffer into a chunk of its own.
 async fn read_message<T: AsyncRead + Unpin + Send>(io: &mut T) -> std::io::Result<(Message, usize)> {
-    let mut first = Vec::with_capacity(MAX_SPLIT_HEAD);
+    // One byte more than is read, so that reading to the limit does not
+    // grow the buffer.
+    let mut first = Vec::with_capacity(MAX_SPLIT_HEAD + 1);
     io.take(MAX_SPLIT_HEAD as u64).read_to_end(&mut first).await?;
     if let Some(head) = parse_split_head(&first).map_err(std::io::Error::other)? {
         let (h, t) = (head.head_len(), head.tail_len());

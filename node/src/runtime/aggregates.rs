@@ -100,7 +100,7 @@ impl Node {
     /// a push that fails is logged: the engine has other paths (a signer
     /// is asked for a sum our child lacks, anti-entropy for an update).
     pub(crate) fn send_to(&mut self, to: &[NodeId], m: Message) {
-        let len = m.encode().len();
+        let len = m.encoded_len();
         let me = self.me;
         for node in to.iter().filter(|n| **n != me) {
             let Some(peer) = Self::peer_of(node) else { continue };

@@ -274,7 +274,7 @@ impl Node {
 
     async fn answer(&mut self, id: u64, peer: PeerId, message: Message) {
         let reply = self.on_request(peer, message);
-        self.bytes_out += reply.encode().len() as u64;
+        self.bytes_out += reply.encoded_len() as u64;
         let _ = self.net.respond(id, reply).await;
     }
 
