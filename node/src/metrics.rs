@@ -92,6 +92,8 @@ pub struct NodeMetrics {
     pub state_refused: Family<ReasonLabel, Counter>,
     /// Updates that arrived after their batch closed here.
     pub late_updates: Counter,
+    /// Late updates put back into their own tick (the ticks since recomputed).
+    pub updates_replayed: Counter,
     /// Quorum sums published, received, put back into their tick or applied late, and offers declined (aggregated dissemination).
     pub sums: Family<OutcomeLabel, Counter>,
     /// Dials that failed (a peer gone, or unreachable).
@@ -140,6 +142,7 @@ impl NodeMetrics {
             anchors_averaged: Counter::default(),
             state_refused: Family::default(),
             late_updates: Counter::default(),
+            updates_replayed: Counter::default(),
             sums: Family::default(),
             dial_failures: Counter::default(),
             consensus_distance: Gauge::default(),
@@ -181,6 +184,11 @@ impl NodeMetrics {
             "late_updates",
             "Updates applied one batch later than on replicas that had them in time",
             m.late_updates.clone(),
+        );
+        r.register(
+            "updates_replayed",
+            "Late updates put back into their own tick, the ticks since recomputed, as on replicas that had them in time",
+            m.updates_replayed.clone(),
         );
         r.register("dial_failures", "Dials that failed", m.dial_failures.clone());
         r.register(

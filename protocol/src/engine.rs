@@ -20,6 +20,7 @@ pub mod cooldown;
 pub mod idle;
 pub mod inner_lr;
 mod io;
+mod late_updates;
 pub mod membership;
 pub mod outer;
 mod receive;
@@ -255,6 +256,8 @@ pub struct Engine {
     stats: EngineStats,
     /// Aggregated dissemination's sums, votes and fetches.
     aggregation: aggregation::AggregationState,
+    /// Closed ticks a late update can be put back into (full dissemination).
+    late_updates: late_updates::LateUpdateLog,
 }
 
 impl Engine {
@@ -326,6 +329,7 @@ impl Engine {
             outputs: VecDeque::new(),
             stats: EngineStats::default(),
             aggregation: aggregation::AggregationState::default(),
+            late_updates: late_updates::LateUpdateLog::default(),
         }
     }
 

@@ -144,6 +144,10 @@ impl Node {
                 self.metrics.late_updates.inc();
                 tracing::debug!("{id} arrived after batch {key} closed: applied in batch {applied_in}");
             }
+            EngineEvent::UpdateReplayed { id, key, ticks } => {
+                self.metrics.updates_replayed.inc();
+                tracing::debug!("{id} arrived after tick {key} closed: put back into it, {ticks} ticks recomputed");
+            }
             EngineEvent::AnchorRefused { peer, reason } => {
                 self.metrics.state_refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
                 *self.rejected.entry(format!("state_{}", reason.name())).or_insert(0) += 1;

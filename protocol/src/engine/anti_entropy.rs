@@ -308,6 +308,7 @@ impl Engine {
         }
         // The closed ticks cannot be recomputed past an average.
         self.aggregation.replay.clear();
+        self.late_updates.clear();
         let anchor = Arc::make_mut(&mut self.anchor);
         trust::bounded_blend(anchor, &state.anchor, 0.5, anchor_bound);
         let outer_bound = |norm: f32| anchor_bound.map(|_| 0.5 * norm);
@@ -376,6 +377,7 @@ impl Engine {
     fn take_whole(&mut self, state: &ReplicaState) {
         // The closed ticks cannot be recomputed past it.
         self.aggregation.replay.clear();
+        self.late_updates.clear();
         self.anchor = Arc::new(state.anchor.clone());
         self.outer = state.outer.clone();
         self.inner_lr = state.inner_lr.clone();

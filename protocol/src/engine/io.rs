@@ -139,6 +139,17 @@ pub enum EngineEvent {
         /// The batch it was applied in instead.
         applied_in: u64,
     },
+    /// An update arrived after its tick closed here, and was put back into
+    /// that tick: the ticks since were recomputed, so this replica ends
+    /// where those that had it in time are (full dissemination).
+    UpdateReplayed {
+        /// The update.
+        id: UpdateId,
+        /// Its tick.
+        key: u64,
+        /// Ticks recomputed (its own and those closed since).
+        ticks: u64,
+    },
     /// A peer's replica state was not used (see [`super::trust`]).
     AnchorRefused {
         /// The peer.

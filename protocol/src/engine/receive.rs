@@ -9,6 +9,7 @@ use super::{
     MAX_AWAITING, MAX_PENDING, Output, Pending,
     config::{Schedule, StalenessMeasure},
     inner_lr::LrChange,
+    late_updates::KeptUpdate,
     staleness::staleness_weight,
 };
 use crate::{
@@ -308,8 +309,20 @@ impl Engine {
         let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
         let mut kept = Vec::with_capacity(batch.len());
         let mut kept_keys = Vec::with_capacity(batch.len());
+        let mut put_back = Vec::new();
         for (p, key) in batch.into_iter().zip(keys) {
             let a = &p.announcement;
+            let original = self.batch_key(a);
+            // Late, and its own tick is still kept here: it goes back there,
+            // where the replicas that had it in time applied it.
+            if original < key && self.late_updates.covers(original) && !self.applied.contains(&a.id) {
+                let tau = self.staleness(a, Some(original));
+                if tau <= self.cfg.staleness.tau_max as u64 {
+                    let weight = staleness_weight(&self.cfg.staleness, tau, self.membership.live_count());
+                    put_back.push((original, KeptUpdate { announcement: p.announcement, bytes: p.bytes, weight }));
+                    continue;
+                }
+            }
             if upto.is_some_and(|u| key >= u) {
                 // Late, and the open batch it would join is not due yet:
                 // closing it now would put this replica a tick ahead.
@@ -323,7 +336,6 @@ impl Engine {
                 self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
                 continue;
             }
-            let original = self.batch_key(a);
             if original < key {
                 self.event(EngineEvent::LateUpdate { id: a.id, key: original, applied_in: key });
             }
@@ -331,6 +343,8 @@ impl Engine {
             kept_keys.push(key);
         }
         let (batch, keys) = (kept, kept_keys);
+        // Their ticks precede every tick closed below.
+        self.put_back_late(put_back);
         let mut start = 0;
         while start < batch.len() {
             let key = keys[start];
@@ -339,11 +353,16 @@ impl Engine {
             // the same batches agree on it even while their views of the
             // membership differ (joins, silent crashes not yet timed out).
             let n = (end - start) as u32;
+            self.before_full_tick(key);
+            let mut applied = Vec::with_capacity(end - start);
             for p in &batch[start..end] {
-                self.apply_one(&p.announcement, &p.bytes, Some(n), Some(key));
+                if let Some(weight) = self.apply_one(&p.announcement, &p.bytes, Some(n), Some(key)) {
+                    applied.push(KeptUpdate { announcement: p.announcement.clone(), bytes: p.bytes.clone(), weight });
+                }
             }
             self.close_outer_round(n, true);
             self.last_closed_key = Some(key);
+            self.after_full_tick(key, n, applied);
             start = end;
         }
     }
@@ -387,14 +406,15 @@ impl Engine {
     /// Applies one update; `group` is the size of its canonical batch group
     /// and `key` that batch's key (`None` on arrival: the live node count
     /// stands in for N).
-    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8], group: Option<u32>, key: Option<u64>) {
+    /// Returns the weight it was applied with (`None`: not applied).
+    fn apply_one(&mut self, a: &UpdateAnnouncement, bytes: &[u8], group: Option<u32>, key: Option<u64>) -> Option<f32> {
         if self.applied.contains(&a.id) {
-            return;
+            return None;
         }
         let tau = self.staleness(a, key);
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, a.id.src != self.me);
-            return;
+            return None;
         }
         let n = group.map_or(self.membership.live_count(), |g| g as usize);
         let w = staleness_weight(&self.cfg.staleness, tau, self.membership.live_count());
@@ -413,6 +433,7 @@ impl Engine {
             self.event(EngineEvent::OuterRound { outer_rounds });
             self.close_inner_lr_round(true);
         }
+        Some(w)
     }
 
     /// Books an update whose values are in the anchor (alone or in a sum):

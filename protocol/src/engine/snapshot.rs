@@ -235,6 +235,7 @@ impl Engine {
         self.roster = state.roster;
         self.sum_guard = state.sum_guard;
         self.aggregation.replay.clear();
+        self.late_updates.clear();
         self.index_pending();
         self.phase = Phase::Created;
     }

@@ -50,6 +50,11 @@ pub(super) struct Harness {
     pub(super) slow_sums: Option<(usize, Micros, Micros)>,
     /// Late sums each node put back into their tick.
     pub(super) replayed: Vec<u64>,
+    /// Payloads fetched by one node arrive later than the latency while
+    /// given: (node, extra latency, until).
+    pub(super) slow_payloads: Option<(usize, Micros, Micros)>,
+    /// Late updates each node put back into their tick.
+    pub(super) updates_replayed: Vec<u64>,
 }
 
 impl Harness {
@@ -88,6 +93,8 @@ impl Harness {
             received: vec![0; speeds.len()],
             slow_sums: None,
             replayed: vec![0; speeds.len()],
+            slow_payloads: None,
+            updates_replayed: vec![0; speeds.len()],
         };
         for k in 0..speeds.len() {
             h.push(Micros::ZERO, Ev::Input(k, Box::new(Input::Start)));
@@ -176,7 +183,11 @@ impl Harness {
                 Output::FetchPayload { id, .. } => {
                     self.received[k] += 1;
                     let bytes = Arc::new(self.payloads[&id].clone());
-                    self.push(now + lat, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
+                    let extra = match self.slow_payloads {
+                        Some((slow, extra, until)) if slow == k && now < until => extra,
+                        _ => Micros::ZERO,
+                    };
+                    self.push(now + lat + extra, Ev::Input(k, Box::new(Input::Payload { id, bytes })));
                 }
                 Output::PublishAggregate { mut announcement, mut body } => {
                     if self.forgers.contains(&k) {
@@ -274,6 +285,7 @@ impl Harness {
                 }
                 Output::Event(EngineEvent::Dropped { reason, .. }) => self.dropped.push((k, reason)),
                 Output::Event(EngineEvent::AggregateReplayed { .. }) => self.replayed[k] += 1,
+                Output::Event(EngineEvent::UpdateReplayed { .. }) => self.updates_replayed[k] += 1,
                 Output::Event(_) => {}
             }
         }

@@ -3,8 +3,9 @@
 
 use super::*;
 
-/// Tick mode: an update that arrives after its tick's batch closed is
-/// applied in the first open batch and weighted by the ticks it missed, the
+/// Tick mode, with no closed ticks kept (below: kept, the default): an
+/// update that arrives after its tick's batch closed is applied in the
+/// first open batch and weighted by the ticks it missed, the
 /// same way at every replica; beyond `tau_max` it is dropped with a reason.
 #[test]
 fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
@@ -14,6 +15,8 @@ fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
         let run = RunId(Hash32([9; 32]));
         let me = Keypair::deterministic(6, 0).node_id();
         let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
+        // Late updates fold into the next tick (none put back into their own).
+        e.late_updates.set_window(0);
         e.handle(Micros(0), Input::Start);
         while e.poll_output().is_some() {}
         let mut bytes = Vec::new();
@@ -110,4 +113,43 @@ fn tick_rounds_have_a_deadline_unless_work_is_fixed() {
     let (steps, deadline, _) = first_phase(Work::ProportionalToSpeed);
     assert!(deadline.is_some());
     assert!(steps <= 20, "10 steps/s for under 2 s: {steps}");
+}
+
+/// Node 5 receives every payload 1.3 ticks late for 200 s (full
+/// dissemination). It puts each late update back into its tick and
+/// recomputes the ticks since, so once it holds the same updates as the
+/// others its anchor and outer state are theirs, bit for bit; with no ticks
+/// kept it folds them into the next tick (another normaliser and momentum
+/// step) and, with anti-entropy off, stays apart.
+#[test]
+fn a_replica_whose_updates_come_late_ends_identical_to_the_others() {
+    const NODES: usize = 16;
+    let slow = 5;
+    let speeds: Vec<f64> = (0..NODES).map(|k| 1.0 + (k % 4) as f64).collect();
+    let run = |window: usize| {
+        let mut cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+        cfg.anti_entropy.every_rounds = 0;
+        let mut h = Harness::new(cfg, &speeds, 11);
+        for e in &mut h.engines {
+            e.late_updates.set_window(window);
+        }
+        h.run_until(Micros::from_secs_f64(20.0));
+        let period = h.engines[0].tick_period().expect("tick mode").as_secs_f64();
+        h.slow_payloads = Some((slow, Micros::from_secs_f64(1.3 * period), Micros::from_secs_f64(200.0)));
+        h.run_until(Micros::from_secs_f64(300.0));
+        let same: Vec<usize> =
+            (0..NODES).filter(|k| *k != slow && h.engines[*k].version() == h.engines[slow].version()).collect();
+        assert!(!same.is_empty(), "some replica holds the slow node's updates");
+        let identical = |k: usize| {
+            let (a, b) = (&h.engines[k], &h.engines[slow]);
+            a.anchor() == b.anchor() && a.outer == b.outer && a.outer_rounds() == b.outer_rounds()
+        };
+        (h.updates_replayed[slow], same.iter().all(|k| identical(*k)), same.iter().any(|k| identical(*k)))
+    };
+    let (replayed, all_identical, _) = run(8);
+    assert!(replayed > 50, "{replayed} updates put back");
+    assert!(all_identical, "the slow replica differs from one holding the same updates");
+    let (replayed, _, any_identical) = run(0);
+    assert_eq!(replayed, 0);
+    assert!(!any_identical, "without ticks kept the slow replica should differ");
 }

@@ -1,0 +1,193 @@
+//! Late updates put back into their own tick (full dissemination). A
+//! replica keeps its replicated state (anchor, outer state, inner-rate
+//! schedule) from before its last few closed ticks, and the updates each of
+//! them applied with their weights; an update that arrives after its tick
+//! closed here is inserted where the replicas that had it in time applied
+//! it, and those ticks are recomputed. The replica then ends bit-identical
+//! to them. Folded into the next open tick instead, it left the replica one
+//! normaliser and one momentum step apart from them for good: at 16
+//! processes on two cores the replicas drifted several rounds of movement
+//! apart, past what anti-entropy's averages may repair. Aggregated
+//! dissemination does the same for sums (`aggregation::replay`).
+
+use std::{collections::VecDeque, sync::Arc};
+
+use super::{Engine, EngineEvent, inner_lr::InnerLrState, outer::OuterState, receive::Applied};
+use crate::{codec::Payload, ids::UpdateId, wire::UpdateAnnouncement};
+
+/// Most closed ticks kept; within it, as many as late updates are still
+/// taken (the staleness bound).
+const KEPT_TICKS: usize = 8;
+/// Most payload bytes kept for it: a large model keeps fewer ticks.
+const KEPT_BYTES: usize = 256 << 20;
+
+/// An update as a closed tick applied it.
+#[derive(Clone, Debug)]
+pub(super) struct KeptUpdate {
+    pub(super) announcement: UpdateAnnouncement,
+    pub(super) bytes: Arc<Vec<u8>>,
+    pub(super) weight: f32,
+}
+
+/// A closed tick: its key, its group size N, and its updates in the
+/// canonical order it applied them.
+#[derive(Clone, Debug)]
+struct KeptTick {
+    key: u64,
+    n: u32,
+    updates: Vec<KeptUpdate>,
+}
+
+/// The state an outer round changes.
+#[derive(Clone, Debug)]
+struct Base {
+    anchor: Arc<Vec<f32>>,
+    outer: OuterState,
+    inner_lr: InnerLrState,
+}
+
+/// The closed ticks a late update can join, and the state before them.
+#[derive(Debug)]
+pub(super) struct LateUpdateLog {
+    /// Ticks kept at most (0: late updates join the next tick instead).
+    window: usize,
+    base: Option<Base>,
+    /// The first tick the base precedes.
+    base_key: u64,
+    ticks: VecDeque<KeptTick>,
+}
+
+impl Default for LateUpdateLog {
+    fn default() -> Self {
+        Self { window: KEPT_TICKS, base: None, base_key: 0, ticks: VecDeque::new() }
+    }
+}
+
+impl LateUpdateLog {
+    #[cfg(test)]
+    pub(super) fn set_window(&mut self, ticks: usize) {
+        self.window = ticks;
+        self.clear();
+    }
+
+    /// Forgets everything: the state changed outside the outer rounds (an
+    /// average with a peer's anchor, a replica state taken).
+    pub(super) fn clear(&mut self) {
+        self.base = None;
+        self.ticks.clear();
+    }
+
+    /// Whether a late update of tick `key` can be put back into its tick.
+    pub(super) fn covers(&self, key: u64) -> bool {
+        self.base.is_some() && key >= self.base_key
+    }
+
+    fn bytes(&self) -> usize {
+        self.ticks.iter().flat_map(|t| &t.updates).map(|u| u.bytes.len()).sum()
+    }
+}
+
+/// Which books a recomputed tick keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Recomputing after a late update: only the update put back is booked.
+    Replay,
+    /// Moving the base past its first tick: nothing booked.
+    Slide,
+}
+
+impl Engine {
+    fn late_updates_kept(&self) -> bool {
+        self.cfg.canonical_batches && matches!(self.cfg.schedule, super::config::Schedule::Tick { .. })
+    }
+
+    fn swap_base(&mut self, b: &mut Base) {
+        std::mem::swap(&mut self.anchor, &mut b.anchor);
+        std::mem::swap(&mut self.outer, &mut b.outer);
+        std::mem::swap(&mut self.inner_lr, &mut b.inner_lr);
+    }
+
+    /// Before tick `key`'s outer round closes live: takes the base when no
+    /// tick is kept yet.
+    pub(super) fn before_full_tick(&mut self, key: u64) {
+        if !self.late_updates_kept() || self.late_updates.window == 0 || self.late_updates.base.is_some() {
+            return;
+        }
+        let base = Base { anchor: self.anchor.clone(), outer: self.outer.clone(), inner_lr: self.inner_lr.clone() };
+        self.late_updates.base = Some(base);
+        self.late_updates.base_key = key;
+    }
+
+    /// Keeps a tick closed live, and moves the base past the ticks whose
+    /// late updates are no longer taken.
+    pub(super) fn after_full_tick(&mut self, key: u64, n: u32, updates: Vec<KeptUpdate>) {
+        if self.late_updates.base.is_none() {
+            return;
+        }
+        self.late_updates.ticks.push_back(KeptTick { key, n, updates });
+        let span = (u64::from(self.cfg.staleness.tau_max) + 1).min(self.late_updates.window as u64);
+        while let Some(first) = self.late_updates.ticks.front()
+            && (first.key + span <= key || self.late_updates.bytes() > KEPT_BYTES)
+        {
+            let Some(first) = self.late_updates.ticks.pop_front() else { break };
+            let Some(mut base) = self.late_updates.base.take() else { break };
+            self.swap_base(&mut base);
+            self.outer_round_of_kept(&first, None, Pass::Slide);
+            self.swap_base(&mut base);
+            self.late_updates.base = Some(base);
+            self.late_updates.base_key = first.key + 1;
+        }
+    }
+
+    /// Puts `late` updates (their own tick closed here, and kept) back into
+    /// their ticks with their weights, and recomputes the kept ticks.
+    pub(super) fn put_back_late(&mut self, late: Vec<(u64, KeptUpdate)>) {
+        if late.is_empty() {
+            return;
+        }
+        let mut back = Vec::with_capacity(late.len());
+        for (key, u) in late {
+            let ticks = &mut self.late_updates.ticks;
+            let at = ticks.partition_point(|t| t.key < key);
+            if ticks.get(at).is_none_or(|t| t.key != key) {
+                ticks.insert(at, KeptTick { key, n: 0, updates: Vec::new() });
+            }
+            let tick = &mut ticks[at];
+            let id = u.announcement.id;
+            let pos = tick.updates.partition_point(|k| k.announcement.id < id);
+            tick.updates.insert(pos, u);
+            tick.n += 1;
+            let recomputed = (ticks.len() - at) as u64;
+            self.event(EngineEvent::UpdateReplayed { id, key, ticks: recomputed });
+            back.push(id);
+        }
+        let Some(mut state) = self.late_updates.base.clone() else { return };
+        self.swap_base(&mut state);
+        let ticks: Vec<KeptTick> = self.late_updates.ticks.iter().cloned().collect();
+        for tick in &ticks {
+            self.outer_round_of_kept(tick, Some(&back), Pass::Replay);
+        }
+    }
+
+    /// One kept tick's outer round again, in the order it was applied;
+    /// books the updates in `booked` (those put back), no others.
+    fn outer_round_of_kept(&mut self, tick: &KeptTick, booked: Option<&[UpdateId]>, pass: Pass) {
+        for u in &tick.updates {
+            let a = &u.announcement;
+            let Ok(payload) = Payload::parse(a.codec, self.anchor.len(), &u.bytes) else {
+                // Checked on arrival: a kept payload always parses.
+                continue;
+            };
+            let anchor = Arc::make_mut(&mut self.anchor);
+            self.outer.accumulate(&self.cfg.outer, anchor, &payload, u.weight, tick.n);
+            let applied = Applied { id: a.id, payload_hash: a.payload_hash, samples: a.samples, loss: a.loss };
+            if pass == Pass::Replay && booked.is_some_and(|b| b.contains(&a.id)) {
+                let tau = self.staleness(a, Some(tick.key));
+                self.count_applied(applied, u.weight, tau, tick.n as usize);
+            } else {
+                self.inner_lr.observe(applied.loss, applied.samples);
+            }
+        }
+        self.close_outer_round(tick.n, false);
+    }
+}
