@@ -29,6 +29,16 @@ pub(super) struct KeptUpdate {
     pub(super) weight: f32,
 }
 
+impl KeptUpdate {
+    /// Where it sits in its tick: the canonical order a tick applies its
+    /// updates in (batch key, then id; an update folded into the tick from
+    /// an older one first), so a tick recomputed with an update put back
+    /// sums in the order of the replicas that had it in time.
+    fn order(&self, batch_key: u64) -> (u64, UpdateId) {
+        (batch_key, self.announcement.id)
+    }
+}
+
 /// A closed tick: its key, its group size N, and its updates in the
 /// canonical order it applied them.
 #[derive(Clone, Debug)]
@@ -147,14 +157,16 @@ impl Engine {
         }
         let mut back = Vec::with_capacity(late.len());
         for (key, u) in late {
-            let ticks = &mut self.late_updates.ticks;
-            let at = ticks.partition_point(|t| t.key < key);
-            if ticks.get(at).is_none_or(|t| t.key != key) {
-                ticks.insert(at, KeptTick { key, n: 0, updates: Vec::new() });
-            }
-            let tick = &mut ticks[at];
             let id = u.announcement.id;
-            let pos = tick.updates.partition_point(|k| k.announcement.id < id);
+            let at = self.late_updates.ticks.partition_point(|t| t.key < key);
+            if self.late_updates.ticks.get(at).is_none_or(|t| t.key != key) {
+                self.late_updates.ticks.insert(at, KeptTick { key, n: 0, updates: Vec::new() });
+            }
+            let orders: Vec<(u64, UpdateId)> =
+                self.late_updates.ticks[at].updates.iter().map(|k| k.order(self.batch_key(&k.announcement))).collect();
+            let pos = orders.partition_point(|o| *o < u.order(key));
+            let ticks = &mut self.late_updates.ticks;
+            let tick = &mut ticks[at];
             tick.updates.insert(pos, u);
             tick.n += 1;
             let recomputed = (ticks.len() - at) as u64;

@@ -153,3 +153,78 @@ fn a_replica_whose_updates_come_late_ends_identical_to_the_others() {
     assert_eq!(replayed, 0);
     assert!(!any_identical, "without ticks kept the slow replica should differ");
 }
+
+/// A tick recomputed with an update put back sums in the order of a
+/// replica that had it in time: batch key first, so updates folded into
+/// that tick from older ones (beyond the kept ticks) stay ahead of it even
+/// where its id sorts before theirs.
+#[test]
+fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
+    let run = RunId(Hash32([9; 32]));
+    let me = Keypair::deterministic(6, 0).node_id();
+    let engine = || {
+        let mut e =
+            Engine::new(lossless(EngineConfig::preset(Strategy::Gopals)), me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
+        e.handle(Micros(0), Input::Start);
+        while e.poll_output().is_some() {}
+        e
+    };
+    // Sources by id: the one whose tick-4 update comes late (`put_back`)
+    // has the smallest, so an order by id alone would put it ahead of the
+    // two tick-1 updates folded into tick 4 (`up`, `down`), where canonical
+    // order puts it after them.
+    let mut srcs = [2u64, 3, 4, 5];
+    srcs.sort_by_key(|s| Keypair::deterministic(6, *s).node_id());
+    let [put_back, up, down, other] = srcs;
+    // The folded two undo each other at a magnitude where the small ones'
+    // values are lost in rounding if added between them: floating-point
+    // addition is not associative, so the order shows in the anchor.
+    let values = |src: u64, tick: u64| match (tick, src) {
+        (1, s) if s == up => vec![6e7, -6e7, 3.3e7, 1.7e7],
+        (1, _) => vec![-6e7, 6e7, -3.3e7, -1.7e7],
+        (4, s) if s == put_back => vec![1.0, 0.7, -0.3, 0.11],
+        (4, _) => vec![0.2, -0.1, 0.05, 0.3],
+        _ => vec![0.01, -0.02, 0.03, 0.0],
+    };
+    let update = |src: u64, tick: u64| {
+        let mut bytes = Vec::new();
+        crate::codec::encode(CodecKind::F32, &values(src, tick), &mut bytes);
+        let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: tick };
+        (f32_announcement(run, id, tick, &bytes), bytes)
+    };
+    let deliver = |e: &mut Engine, (a, bytes): (UpdateAnnouncement, Vec<u8>)| {
+        let from = a.id.src;
+        e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes) });
+    };
+    let close = |e: &mut Engine, upto: u64| {
+        e.apply_pending(Some(upto));
+        while e.poll_output().is_some() {}
+    };
+    // In time: tick 3 closes (the first kept), then tick 4 with the two
+    // tick-1 updates folded in ahead of tick 4's own two.
+    let mut in_time = engine();
+    deliver(&mut in_time, update(1, 3));
+    close(&mut in_time, 4);
+    for (src, tick) in [(up, 1), (down, 1), (other, 4), (put_back, 4)] {
+        deliver(&mut in_time, update(src, tick));
+    }
+    close(&mut in_time, 5);
+    // Late: tick 4 closes without `put_back`'s, which comes after it
+    // closed and is put back.
+    let mut late = engine();
+    deliver(&mut late, update(1, 3));
+    close(&mut late, 4);
+    for (src, tick) in [(up, 1), (down, 1), (other, 4)] {
+        deliver(&mut late, update(src, tick));
+    }
+    close(&mut late, 5);
+    deliver(&mut late, update(put_back, 4));
+    late.apply_pending(Some(5));
+    let replayed = std::iter::from_fn(|| late.poll_output())
+        .filter(|o| matches!(o, Output::Event(EngineEvent::UpdateReplayed { key: 4, .. })))
+        .count();
+    assert_eq!(replayed, 1, "the late update goes back into tick 4");
+    assert_eq!(late.version(), in_time.version());
+    assert_eq!(late.anchor(), in_time.anchor(), "the update put back summed in another order");
+    assert_eq!(late.outer, in_time.outer);
+}
