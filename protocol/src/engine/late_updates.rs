@@ -12,7 +12,9 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use super::{Engine, EngineEvent, inner_lr::InnerLrState, outer::OuterState, receive::Applied};
+use super::{
+    Engine, EngineEvent, Pending, config::StalenessMeasure, inner_lr::InnerLrState, outer::OuterState, receive::Applied,
+};
 use crate::{codec::Payload, ids::UpdateId, wire::UpdateAnnouncement};
 
 /// Most closed ticks kept; within it, as many as late updates are still
@@ -107,8 +109,16 @@ enum Pass {
 }
 
 impl Engine {
+    /// Whether every replica would weigh an update put back as those that
+    /// had it in time did: canonical tick batches, and a weight that depends
+    /// on the update and its tick alone (not on the receiver's version
+    /// vector, nor on its view of the live nodes).
     fn late_updates_kept(&self) -> bool {
-        self.cfg.canonical_batches && matches!(self.cfg.schedule, super::config::Schedule::Tick { .. })
+        let st = &self.cfg.staleness;
+        self.cfg.canonical_batches
+            && matches!(self.cfg.schedule, super::config::Schedule::Tick { .. })
+            && st.measure != StalenessMeasure::Receiver
+            && !st.normalize_by_nodes
     }
 
     fn swap_base(&mut self, b: &mut Base) {
@@ -134,6 +144,13 @@ impl Engine {
         if self.late_updates.base.is_none() {
             return;
         }
+        if updates.iter().map(|u| u.bytes.len()).sum::<usize>() > KEPT_BYTES {
+            // One tick alone is over the cap (a large model, many nodes):
+            // nothing could be kept, so stop keeping for the run.
+            self.late_updates.clear();
+            self.late_updates.window = 0;
+            return;
+        }
         self.late_updates.ticks.push_back(KeptTick { key, n, updates });
         let span = (u64::from(self.cfg.staleness.tau_max) + 1).min(self.late_updates.window as u64);
         while let Some(first) = self.late_updates.ticks.front()
@@ -155,7 +172,16 @@ impl Engine {
         if late.is_empty() {
             return;
         }
-        let mut back = Vec::with_capacity(late.len());
+        let Some(mut state) = self.late_updates.base.clone() else {
+            // `covers` found a base: none now means they wait in the queue
+            // and join the next open tick instead.
+            for (_, u) in late {
+                self.pending.push(Pending { announcement: u.announcement, bytes: u.bytes });
+            }
+            self.index_pending();
+            return;
+        };
+        let mut back = std::collections::BTreeSet::new();
         for (key, u) in late {
             let id = u.announcement.id;
             let at = self.late_updates.ticks.partition_point(|t| t.key < key);
@@ -171,19 +197,24 @@ impl Engine {
             tick.n += 1;
             let recomputed = (ticks.len() - at) as u64;
             self.event(EngineEvent::UpdateReplayed { id, key, ticks: recomputed });
-            back.push(id);
+            back.insert(id);
         }
-        let Some(mut state) = self.late_updates.base.clone() else { return };
         self.swap_base(&mut state);
-        let ticks: Vec<KeptTick> = self.late_updates.ticks.iter().cloned().collect();
+        let ticks = std::mem::take(&mut self.late_updates.ticks);
         for tick in &ticks {
             self.outer_round_of_kept(tick, Some(&back), Pass::Replay);
         }
+        self.late_updates.ticks = ticks;
     }
 
     /// One kept tick's outer round again, in the order it was applied;
     /// books the updates in `booked` (those put back), no others.
-    fn outer_round_of_kept(&mut self, tick: &KeptTick, booked: Option<&[UpdateId]>, pass: Pass) {
+    fn outer_round_of_kept(
+        &mut self,
+        tick: &KeptTick,
+        booked: Option<&std::collections::BTreeSet<UpdateId>>,
+        pass: Pass,
+    ) {
         for u in &tick.updates {
             let a = &u.announcement;
             let Ok(payload) = Payload::parse(a.codec, self.anchor.len(), &u.bytes) else {

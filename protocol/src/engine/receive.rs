@@ -121,7 +121,11 @@ impl Engine {
             self.drop_update(a, RejectReason::SecondInTick, false);
             return false;
         }
-        let tau = self.staleness(a, None);
+        // A late update whose own tick is still kept goes back into it
+        // (`late_updates`), so it is as stale as it is there.
+        let key = self.batch_key(a);
+        let back = key < self.first_open_key() && self.late_updates.covers(key);
+        let tau = self.staleness(a, back.then_some(key));
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, true);
             return false;

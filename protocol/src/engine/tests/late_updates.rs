@@ -142,7 +142,11 @@ fn a_replica_whose_updates_come_late_ends_identical_to_the_others() {
         assert!(!same.is_empty(), "some replica holds the slow node's updates");
         let identical = |k: usize| {
             let (a, b) = (&h.engines[k], &h.engines[slow]);
-            a.anchor() == b.anchor() && a.outer == b.outer && a.outer_rounds() == b.outer_rounds()
+            a.anchor() == b.anchor()
+                && a.outer == b.outer
+                && a.outer_rounds() == b.outer_rounds()
+                && a.inner_lr == b.inner_lr
+                && a.applied == b.applied
         };
         (h.updates_replayed[slow], same.iter().all(|k| identical(*k)), same.iter().any(|k| identical(*k)))
     };
@@ -226,5 +230,56 @@ fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
     assert_eq!(replayed, 1, "the late update goes back into tick 4");
     assert_eq!(late.version(), in_time.version());
     assert_eq!(late.anchor(), in_time.anchor(), "the update put back summed in another order");
+    assert_eq!(late.outer, in_time.outer);
+}
+
+/// An update that arrives five ticks after its tick closed here is too
+/// stale for the first open tick but not for its own, which is still kept:
+/// admitted and put back there, the replica ends where one that had it in
+/// time is (it was given up as too stale before).
+#[test]
+fn a_late_announcement_is_judged_stale_at_its_own_tick() {
+    let run = RunId(Hash32([9; 32]));
+    let me = Keypair::deterministic(6, 0).node_id();
+    let engine = || {
+        let mut e =
+            Engine::new(lossless(EngineConfig::preset(Strategy::Gopals)), me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
+        e.handle(Micros(0), Input::Start);
+        while e.poll_output().is_some() {}
+        e
+    };
+    let update = |src: u64, tick: u64| {
+        let mut bytes = Vec::new();
+        let v = [0.1 * src as f32, -0.03 * tick as f32, 0.2, 0.05 * (src + tick) as f32];
+        crate::codec::encode(CodecKind::F32, &v, &mut bytes);
+        let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: tick };
+        (f32_announcement(run, id, tick, &bytes), bytes)
+    };
+    let deliver = |e: &mut Engine, (a, bytes): (UpdateAnnouncement, Vec<u8>)| {
+        let from = a.id.src;
+        e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes) });
+    };
+    let ticks = |e: &mut Engine, with_late: bool| {
+        for tick in 3..8 {
+            deliver(e, update(1, tick));
+            if with_late && tick == 3 {
+                deliver(e, update(2, 3));
+            }
+            e.apply_pending(Some(tick + 1));
+            while e.poll_output().is_some() {}
+        }
+    };
+    let mut in_time = engine();
+    ticks(&mut in_time, true);
+    let mut late = engine();
+    ticks(&mut late, false);
+    let tau_max = u64::from(late.config().staleness.tau_max);
+    assert!(late.first_open_key() - 3 > tau_max, "too stale for the first open tick");
+    deliver(&mut late, update(2, 3));
+    late.apply_pending(Some(8));
+    while late.poll_output().is_some() {}
+    assert_eq!(late.stats().dropped.get(&RejectReason::TooStale), None);
+    assert_eq!(late.version(), in_time.version());
+    assert_eq!(late.anchor(), in_time.anchor());
     assert_eq!(late.outer, in_time.outer);
 }
