@@ -164,15 +164,7 @@ fn a_replica_whose_updates_come_late_ends_identical_to_the_others() {
 /// where its id sorts before theirs.
 #[test]
 fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
-    let run = RunId(Hash32([9; 32]));
-    let me = Keypair::deterministic(6, 0).node_id();
-    let engine = || {
-        let mut e =
-            Engine::new(lossless(EngineConfig::preset(Strategy::Gopals)), me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
-        e.handle(Micros(0), Input::Start);
-        while e.poll_output().is_some() {}
-        e
-    };
+    let run = RUN;
     // Sources by id: the one whose tick-4 update comes late (`put_back`)
     // has the smallest, so an order by id alone would put it ahead of the
     // two tick-1 updates folded into tick 4 (`up`, `down`), where canonical
@@ -196,17 +188,13 @@ fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
         let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: tick };
         (f32_announcement(run, id, tick, &bytes), bytes)
     };
-    let deliver = |e: &mut Engine, (a, bytes): (UpdateAnnouncement, Vec<u8>)| {
-        let from = a.id.src;
-        e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes) });
-    };
     let close = |e: &mut Engine, upto: u64| {
         e.apply_pending(Some(upto));
         while e.poll_output().is_some() {}
     };
     // In time: tick 3 closes (the first kept), then tick 4 with the two
     // tick-1 updates folded in ahead of tick 4's own two.
-    let mut in_time = engine();
+    let mut in_time = started_engine();
     deliver(&mut in_time, update(1, 3));
     close(&mut in_time, 4);
     for (src, tick) in [(up, 1), (down, 1), (other, 4), (put_back, 4)] {
@@ -215,7 +203,7 @@ fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
     close(&mut in_time, 5);
     // Late: tick 4 closes without `put_back`'s, which comes after it
     // closed and is put back.
-    let mut late = engine();
+    let mut late = started_engine();
     deliver(&mut late, update(1, 3));
     close(&mut late, 4);
     for (src, tick) in [(up, 1), (down, 1), (other, 4)] {
@@ -239,25 +227,13 @@ fn an_update_put_back_takes_its_canonical_place_in_its_tick() {
 /// time is (it was given up as too stale before).
 #[test]
 fn a_late_announcement_is_judged_stale_at_its_own_tick() {
-    let run = RunId(Hash32([9; 32]));
-    let me = Keypair::deterministic(6, 0).node_id();
-    let engine = || {
-        let mut e =
-            Engine::new(lossless(EngineConfig::preset(Strategy::Gopals)), me, run, Micros::ZERO, vec![0.0; 4], 1.0, 6);
-        e.handle(Micros(0), Input::Start);
-        while e.poll_output().is_some() {}
-        e
-    };
+    let run = RUN;
     let update = |src: u64, tick: u64| {
         let mut bytes = Vec::new();
         let v = [0.1 * src as f32, -0.03 * tick as f32, 0.2, 0.05 * (src + tick) as f32];
         crate::codec::encode(CodecKind::F32, &v, &mut bytes);
         let id = UpdateId { src: Keypair::deterministic(6, src).node_id(), round: tick };
         (f32_announcement(run, id, tick, &bytes), bytes)
-    };
-    let deliver = |e: &mut Engine, (a, bytes): (UpdateAnnouncement, Vec<u8>)| {
-        let from = a.id.src;
-        e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes) });
     };
     let ticks = |e: &mut Engine, with_late: bool| {
         for tick in 3..8 {
@@ -269,9 +245,9 @@ fn a_late_announcement_is_judged_stale_at_its_own_tick() {
             while e.poll_output().is_some() {}
         }
     };
-    let mut in_time = engine();
+    let mut in_time = started_engine();
     ticks(&mut in_time, true);
-    let mut late = engine();
+    let mut late = started_engine();
     ticks(&mut late, false);
     let tau_max = u64::from(late.config().staleness.tau_max);
     assert!(late.first_open_key() - 3 > tau_max, "too stale for the first open tick");
@@ -282,4 +258,23 @@ fn a_late_announcement_is_judged_stale_at_its_own_tick() {
     assert_eq!(late.version(), in_time.version());
     assert_eq!(late.anchor(), in_time.anchor());
     assert_eq!(late.outer, in_time.outer);
+}
+
+/// The run of the single-engine tests below.
+const RUN: RunId = RunId(Hash32([9; 32]));
+
+/// A started engine of four values that applies lossless updates.
+fn started_engine() -> Engine {
+    let me = Keypair::deterministic(6, 0).node_id();
+    let cfg = lossless(EngineConfig::preset(Strategy::Gopals));
+    let mut e = Engine::new(cfg, me, RUN, Micros::ZERO, vec![0.0; 4], 1.0, 6);
+    e.handle(Micros(0), Input::Start);
+    while e.poll_output().is_some() {}
+    e
+}
+
+/// An update and its payload, arriving from its source.
+fn deliver(e: &mut Engine, (a, bytes): (UpdateAnnouncement, Vec<u8>)) {
+    let from = a.id.src;
+    e.handle(Micros(1), Input::Update { announcement: a, from, payload: Arc::new(bytes) });
 }
