@@ -327,17 +327,23 @@ impl Message {
         postcard::to_extend(self, out).expect("encoding to a Vec cannot fail")
     }
 
-    /// Decodes, checking limits first. Never panics.
-    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
-        if bytes.len() > max_message_len() {
-            return Err(DecodeError::TooLarge { kind: None, len: bytes.len(), max: max_message_len() });
-        }
+    /// The kind an encoding's first two bytes name, after its version.
+    pub(crate) fn kind_of(bytes: &[u8]) -> Result<MessageKind, DecodeError> {
         let (&version, rest) = bytes.split_first().ok_or(DecodeError::Empty)?;
         if version != WIRE_VERSION {
             return Err(DecodeError::Version(version));
         }
         let &kind_byte = rest.first().ok_or(DecodeError::Empty)?;
-        let kind = MessageKind::from_byte(kind_byte).ok_or(DecodeError::UnknownKind(kind_byte))?;
+        MessageKind::from_byte(kind_byte).ok_or(DecodeError::UnknownKind(kind_byte))
+    }
+
+    /// Decodes, checking limits first. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+        if bytes.len() > max_message_len() {
+            return Err(DecodeError::TooLarge { kind: None, len: bytes.len(), max: max_message_len() });
+        }
+        let kind = Self::kind_of(bytes)?;
+        let rest = &bytes[1..];
         if bytes.len() > kind.max_len() {
             return Err(DecodeError::TooLarge { kind: Some(kind), len: bytes.len(), max: kind.max_len() });
         }

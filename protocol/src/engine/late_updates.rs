@@ -10,7 +10,10 @@
 //! apart, past what anti-entropy's averages may repair. Aggregated
 //! dissemination does the same for sums (`aggregation::replay`).
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{
+    collections::{BTreeSet, VecDeque},
+    sync::Arc,
+};
 
 use super::{
     Engine, EngineEvent, Pending, config::StalenessMeasure, inner_lr::InnerLrState, outer::OuterState, receive::Applied,
@@ -29,16 +32,6 @@ pub(super) struct KeptUpdate {
     pub(super) announcement: UpdateAnnouncement,
     pub(super) bytes: Arc<Vec<u8>>,
     pub(super) weight: f32,
-}
-
-impl KeptUpdate {
-    /// Where it sits in its tick: the canonical order a tick applies its
-    /// updates in (batch key, then id; an update folded into the tick from
-    /// an older one first), so a tick recomputed with an update put back
-    /// sums in the order of the replicas that had it in time.
-    fn order(&self, batch_key: u64) -> (u64, UpdateId) {
-        (batch_key, self.announcement.id)
-    }
 }
 
 /// A closed tick: its key, its group size N, and its updates in the
@@ -99,15 +92,6 @@ impl LateUpdateLog {
     }
 }
 
-/// Which books a recomputed tick keeps.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    /// Recomputing after a late update: only the update put back is booked.
-    Replay,
-    /// Moving the base past its first tick: nothing booked.
-    Slide,
-}
-
 impl Engine {
     /// Whether every replica would weigh an update put back as those that
     /// had it in time did: canonical tick batches, and a weight that depends
@@ -119,6 +103,13 @@ impl Engine {
             && matches!(self.cfg.schedule, super::config::Schedule::Tick { .. })
             && st.measure != StalenessMeasure::Receiver
             && !st.normalize_by_nodes
+    }
+
+    /// The tick a late update of `a` goes back into: its own, when that
+    /// closed here and is still kept.
+    pub(super) fn put_back_key(&self, a: &UpdateAnnouncement) -> Option<u64> {
+        let key = self.batch_key(a);
+        (key < self.first_open_key() && self.late_updates.covers(key)).then_some(key)
     }
 
     fn swap_base(&mut self, b: &mut Base) {
@@ -159,7 +150,7 @@ impl Engine {
             let Some(first) = self.late_updates.ticks.pop_front() else { break };
             let Some(mut base) = self.late_updates.base.take() else { break };
             self.swap_base(&mut base);
-            self.outer_round_of_kept(&first, None, Pass::Slide);
+            self.outer_round_of_kept(&first, &BTreeSet::new());
             self.swap_base(&mut base);
             self.late_updates.base = Some(base);
             self.late_updates.base_key = first.key + 1;
@@ -181,16 +172,19 @@ impl Engine {
             self.index_pending();
             return;
         };
-        let mut back = std::collections::BTreeSet::new();
+        let mut back = BTreeSet::new();
         for (key, u) in late {
             let id = u.announcement.id;
             let at = self.late_updates.ticks.partition_point(|t| t.key < key);
             if self.late_updates.ticks.get(at).is_none_or(|t| t.key != key) {
                 self.late_updates.ticks.insert(at, KeptTick { key, n: 0, updates: Vec::new() });
             }
-            let orders: Vec<(u64, UpdateId)> =
-                self.late_updates.ticks[at].updates.iter().map(|k| k.order(self.batch_key(&k.announcement))).collect();
-            let pos = orders.partition_point(|o| *o < u.order(key));
+            // The canonical order a tick applies its updates in (batch key,
+            // then id: one folded in from an older tick first), so the tick
+            // sums as on the replicas that had this update in time.
+            let pos = self.late_updates.ticks[at]
+                .updates
+                .partition_point(|k| (self.batch_key(&k.announcement), k.announcement.id) < (key, id));
             let ticks = &mut self.late_updates.ticks;
             let tick = &mut ticks[at];
             tick.updates.insert(pos, u);
@@ -202,19 +196,14 @@ impl Engine {
         self.swap_base(&mut state);
         let ticks = std::mem::take(&mut self.late_updates.ticks);
         for tick in &ticks {
-            self.outer_round_of_kept(tick, Some(&back), Pass::Replay);
+            self.outer_round_of_kept(tick, &back);
         }
         self.late_updates.ticks = ticks;
     }
 
     /// One kept tick's outer round again, in the order it was applied;
     /// books the updates in `booked` (those put back), no others.
-    fn outer_round_of_kept(
-        &mut self,
-        tick: &KeptTick,
-        booked: Option<&std::collections::BTreeSet<UpdateId>>,
-        pass: Pass,
-    ) {
+    fn outer_round_of_kept(&mut self, tick: &KeptTick, booked: &BTreeSet<UpdateId>) {
         for u in &tick.updates {
             let a = &u.announcement;
             let Ok(payload) = Payload::parse(a.codec, self.anchor.len(), &u.bytes) else {
@@ -224,7 +213,7 @@ impl Engine {
             let anchor = Arc::make_mut(&mut self.anchor);
             self.outer.accumulate(&self.cfg.outer, anchor, &payload, u.weight, tick.n);
             let applied = Applied { id: a.id, payload_hash: a.payload_hash, samples: a.samples, loss: a.loss };
-            if pass == Pass::Replay && booked.is_some_and(|b| b.contains(&a.id)) {
+            if booked.contains(&a.id) {
                 let tau = self.staleness(a, Some(tick.key));
                 self.count_applied(applied, u.weight, tau, tick.n as usize);
             } else {

@@ -123,9 +123,7 @@ impl Engine {
         }
         // A late update whose own tick is still kept goes back into it
         // (`late_updates`), so it is as stale as it is there.
-        let key = self.batch_key(a);
-        let back = key < self.first_open_key() && self.late_updates.covers(key);
-        let tau = self.staleness(a, back.then_some(key));
+        let tau = self.staleness(a, self.put_back_key(a));
         if tau > self.cfg.staleness.tau_max as u64 {
             self.drop_update(a, RejectReason::TooStale, true);
             return false;
@@ -305,11 +303,11 @@ impl Engine {
         // One outer round per batch key (tick or round): replicas close
         // rounds at the same points whether they absorb one tick at a time
         // or several at once. A late update (its key already closed here) is
+        // put back into its key while that is kept (`late_updates`), else
         // folded into the next open key, so every replica closes the same
-        // number of rounds whatever arrived late.
+        // number of rounds whatever arrived late; folded, it is a source of
+        // drift anti-entropy must repair.
         let first_open = self.first_open_key();
-        // Replicas that got a late update in time applied it in an earlier
-        // outer round: a source of drift anti-entropy must repair.
         let keys: Vec<u64> = batch.iter().map(|p| self.batch_key(&p.announcement).max(first_open)).collect();
         let mut kept = Vec::with_capacity(batch.len());
         let mut kept_keys = Vec::with_capacity(batch.len());
@@ -319,11 +317,13 @@ impl Engine {
             let original = self.batch_key(a);
             // Late, and its own tick is still kept here: it goes back there,
             // where the replicas that had it in time applied it.
-            if original < key && self.late_updates.covers(original) && !self.applied.contains(&a.id) {
-                let tau = self.staleness(a, Some(original));
+            if let Some(own) = self.put_back_key(a)
+                && !self.applied.contains(&a.id)
+            {
+                let tau = self.staleness(a, Some(own));
                 if tau <= self.cfg.staleness.tau_max as u64 {
                     let weight = staleness_weight(&self.cfg.staleness, tau, self.membership.live_count());
-                    put_back.push((original, KeptUpdate { announcement: p.announcement, bytes: p.bytes, weight }));
+                    put_back.push((own, KeptUpdate { announcement: p.announcement, bytes: p.bytes, weight }));
                     continue;
                 }
             }

@@ -5,7 +5,7 @@
 //! `head ++ bytes` is exactly what [`Message::encode`] writes, and a
 //! message read this way is exactly what [`Message::decode`] returns.
 
-use super::{Chunk, DecodeError, Message, MessageKind, WIRE_VERSION};
+use super::{Chunk, DecodeError, Message, MessageKind};
 use crate::ids::Hash32;
 
 /// The most bytes a bulk message's head takes: the version and kind bytes,
@@ -71,12 +71,7 @@ fn malformed(e: postcard::Error) -> DecodeError {
 /// [`Message::decode`] would, a head whose message would pass its kind's
 /// limit: a reader learns the size before it reserves room for the bytes.
 pub fn parse_split_head(bytes: &[u8]) -> Result<Option<SplitHead>, DecodeError> {
-    let kind = match bytes {
-        [] => return Err(DecodeError::Empty),
-        [v, ..] if *v != WIRE_VERSION => return Err(DecodeError::Version(*v)),
-        [_] => return Err(DecodeError::Empty),
-        [_, k, ..] => MessageKind::from_byte(*k).ok_or(DecodeError::UnknownKind(*k))?,
-    };
+    let kind = Message::kind_of(bytes)?;
     let rest = &bytes[2..];
     let chunk = |rest| postcard::take_from_bytes::<ChunkHead>(rest).map_err(malformed);
     let (bulk, rest) = match kind {
@@ -198,7 +193,7 @@ mod tests {
         };
         let tail = vec![5u8; 3];
         let bytes = [
-            vec![WIRE_VERSION, MessageKind::PayloadChunk as u8],
+            vec![super::super::WIRE_VERSION, MessageKind::PayloadChunk as u8],
             padded(u64::MAX),
             padded(1),
             padded(32),
