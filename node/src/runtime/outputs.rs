@@ -140,6 +140,11 @@ impl Node {
                 self.metrics.anchors_averaged.inc();
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
+            EngineEvent::FarReplicaTaken { peer, rounds } => tracing::warn!(
+                "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours and no other \
+                 contributor could vouch for it (we trained apart before we met); both keep the replica that \
+                 applied more of what the other gave up, else the lower id's"
+            ),
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();
                 tracing::debug!("{id} arrived after batch {key} closed: applied in batch {applied_in}");

@@ -162,16 +162,15 @@ impl Engine {
             // nodes that trained apart before they met: 3.6 MB each in
             // 80 s, the replicas 47% apart). So it is fetched whole once
             // every few rounds, and refused from the sketch in between.
+            // (Between two that trained apart, the whole anchor's check
+            // decides which replica both keep; see `on_far_anchor`.)
             if let Some(r) = rounds.filter(|r| r.is_nan() || *r > MAX_ANCHOR_DISTANCE_ROUNDS * FAR_BY_SKETCH_MARGIN)
                 && !self.could_vouch_for(&from)
+                && self.far_checked.is_some_and(|(p, at)| p == from && self.round < at + FAR_RECHECK_ROUNDS)
             {
-                let round = self.round;
-                if self.far_checked.is_some_and(|(p, at)| p == from && round < at + FAR_RECHECK_ROUNDS) {
-                    let reason = StateRefusal::TooFarBySketch { rounds: r };
-                    self.event(EngineEvent::AnchorRefused { peer: from, reason });
-                    return;
-                }
-                self.far_checked = Some((from, round));
+                let reason = StateRefusal::TooFarBySketch { rounds: r };
+                self.event(EngineEvent::AnchorRefused { peer: from, reason });
+                return;
             }
             self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
@@ -263,7 +262,9 @@ impl Engine {
     /// of a healed partition holds. The difference: the other side is many
     /// peers with the same replica. So a far anchor is used only once a
     /// second contributor serves one that agrees with it; until then it is
-    /// kept and another peer is asked for its digest.
+    /// kept and another peer is asked for its digest. Where no second
+    /// contributor could (a swarm of two), one side takes the other's
+    /// replica whole.
     fn on_far_anchor(&mut self, from: NodeId, state: ReplicaState, rounds: f32) {
         let vouched = self
             .far_candidate
@@ -272,6 +273,25 @@ impl Engine {
         if vouched.is_some() {
             self.blend(from, &state, None);
             return;
+        }
+        // Two nodes that trained apart before they met (both started alone,
+        // say behind NATs only a relay crossed), or a swarm of two after a
+        // partition: nobody can vouch, and each refused the other's replica
+        // for good, so the run kept two models (NAT lab, BENCHMARKS.md). The
+        // pair is the whole swarm then, as for a joiner whose one peer
+        // serves a state (taken unchecked): one side takes the other's
+        // replica whole, the one both sides' rule picks.
+        if !self.could_vouch_for(&from) && self.peer_replica_wins(from, &state) {
+            self.take_whole(&state);
+            self.outer.count = self.outer.count.min(self.cfg.membership.max_peers);
+            self.averaged_with(from, &state);
+            self.event(EngineEvent::FarReplicaTaken { peer: from, rounds });
+            return;
+        }
+        // Checked whole with nobody to vouch: refused from the digest's
+        // sketch for a while.
+        if !self.could_vouch_for(&from) {
+            self.far_checked = Some((from, self.round));
         }
         self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });
         self.far_candidate = Some(FarCandidate { peer: from, anchor: state.anchor, round: self.round });
@@ -356,18 +376,15 @@ impl Engine {
             && inner_lr_ok
     }
 
-    /// Which of two replicas over the same updates, within the threshold,
-    /// both keep: the one that applied updates the other only gave up (it
-    /// missed their sum), else the lower id's. Both sides decide alike, so
-    /// the pair ends as one.
+    /// Which of two replicas over the same updates both keep: the one that
+    /// applied more of the updates the other only gave up (it missed their
+    /// sum; or, between two that trained apart, it kept its own early work
+    /// the other dropped as too stale), else the lower id's. Both sides
+    /// decide alike, so the pair ends as one.
     fn peer_replica_wins(&self, from: NodeId, state: &ReplicaState) -> bool {
-        let theirs_only = !state.applied.missing_from(&self.applied).is_empty();
-        let ours_only = !self.applied.missing_from(&state.applied).is_empty();
-        match (theirs_only, ours_only) {
-            (true, false) => true,
-            (false, true) => false,
-            _ => from < self.me,
-        }
+        let theirs_only = state.applied.missing_from(&self.applied).len();
+        let ours_only = self.applied.missing_from(&state.applied).len();
+        theirs_only.cmp(&ours_only).then_with(|| self.me.cmp(&from)).is_gt()
     }
 
     /// Takes a replica within the threshold whole (anchor, outer state,

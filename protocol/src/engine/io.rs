@@ -129,6 +129,15 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
+    /// The far replica of the only other live contributor was taken whole
+    /// (two nodes that trained apart before they met): what our replica
+    /// held that the peer's did not is gone.
+    FarReplicaTaken {
+        /// The peer.
+        peer: NodeId,
+        /// How far its anchor lay, in rounds of our replica's movement.
+        rounds: f32,
+    },
     /// An update arrived after its batch (tick or round) was closed here,
     /// so it joins a later outer round than on replicas that had it in time.
     LateUpdate {

@@ -347,6 +347,30 @@ fn a_partition_longer_than_stores_keep_updates_still_reconverges() {
     assert!(h.engines.iter().any(|e| e.given_up.sources() > 0), "some updates could not be fetched");
 }
 
+/// Two nodes that trained apart before they met (split from the start,
+/// as behind NATs that only a relay crossed) hold far replicas that no
+/// third contributor can vouch for: each refused the other's for good.
+/// Now one takes the other's replica whole, once, and the two stay one
+/// replica.
+#[test]
+fn two_nodes_that_trained_apart_end_on_one_replica() {
+    let mut cfg = EngineConfig::preset(Strategy::Gopals);
+    cfg.h = 10;
+    cfg.anti_entropy.every_rounds = 1;
+    let bound = cfg.anti_entropy.distance_threshold;
+    let mut h = Harness::new(cfg, &[1.0, 1.0], 6);
+    h.partition = Some((Micros::ZERO, Micros::from_secs_f64(200.0), 1));
+    h.run_until(Micros::from_secs_f64(199.0));
+    let split = max_pairwise_distance(&h);
+    assert!(split > 5.0 * bound, "training apart should separate the replicas ({split})");
+    h.run_until(Micros::from_secs_f64(500.0));
+    let met = max_pairwise_distance(&h);
+    assert!(met < bound, "after meeting {met} (bound {bound}, apart {split})");
+    let mut taken = h.far_replicas_taken.clone();
+    taken.sort();
+    assert_eq!(taken, [0, 1], "one side takes the other's replica, once");
+}
+
 #[test]
 fn same_seed_same_run_bit_for_bit() {
     let cfg = EngineConfig::preset(Strategy::Gopals);

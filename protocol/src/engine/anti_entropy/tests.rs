@@ -242,18 +242,20 @@ fn a_far_anchor_is_used_once_a_second_contributor_vouches_for_it() {
 
 /// Two nodes that trained apart before they met: each fetched the
 /// other's far anchor at every digest and refused it, as nobody could
-/// vouch for it. Now it is fetched whole once every few rounds and
-/// refused from the digest's sketch in between, while a near one is
-/// fetched every time, and a far one too while a second contributor
-/// could vouch for it.
+/// vouch for it. Now the side that keeps its replica (here the lower id;
+/// the other takes it whole, next test) fetches the other's whole once
+/// every few rounds and refuses it from the digest's sketch in between,
+/// while a near one is fetched every time, and a far one too while a second
+/// contributor could vouch for it.
 #[test]
 fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
-    let peer = NodeId([2; 32]);
+    // We are node 3; node 4's replica yields to ours.
+    let peer = NodeId([4; 32]);
     let far = || vec![1.0 + 3.0 / 8f32.sqrt(); 8];
     let fetched = |out: &[Output]| out.iter().any(|o| matches!(o, Output::FetchAnchor { .. }));
     let two_nodes = || {
         let mut e = engine_moving(Some(1.0));
-        e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 0), (2, 1), (2, 2)]);
+        e.applied = set(&[(3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2)]);
         e
     };
     let mut e = two_nodes();
@@ -280,7 +282,7 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
     let out = offer(&mut e, peer, vec![1.0 + 1.5 / 8f32.sqrt(); 8]);
     assert!(fetched(&out) && refusal(&out).is_none(), "a near anchor is fetched and used");
     assert_eq!(e.stats().anchors_averaged, 1);
-    // Node 4 has three updates in our replica and is live: it could vouch,
+    // Node 2 has three updates in our replica and is live: it could vouch,
     // so the far anchor is fetched at every digest.
     let mut e = engine_moving(Some(1.0));
     for _ in 0..2 {
@@ -288,15 +290,85 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
     }
     // Once it has left, its updates stay in our replica but it vouches no
     // more: refused from the sketch after the first check.
-    e.membership.remove(&NodeId([4; 32]));
+    e.membership.remove(&NodeId([2; 32]));
     assert!(fetched(&offer(&mut e, peer, far())), "the first check after it left");
     assert!(!fetched(&offer(&mut e, peer, far())), "a contributor that left cannot vouch");
     // A far anchor of another peer's waits for a voucher: the peer's
     // may vouch for it, so it is fetched.
     let mut e = two_nodes();
     e.far_checked = Some((peer, e.round));
-    e.far_candidate = Some(FarCandidate { peer: NodeId([4; 32]), anchor: vec![4.0; 8], round: e.round });
+    e.far_candidate = Some(FarCandidate { peer: NodeId([2; 32]), anchor: vec![4.0; 8], round: e.round });
     assert!(fetched(&offer(&mut e, peer, far())));
+}
+
+/// The other side of the pair above: the far replica of our sole fellow
+/// contributor is taken whole (anchor and outer state) where both sides'
+/// rule picks it: the replica that applied more of what the other gave up
+/// (its own early work, dropped by the other as too stale), else the lower
+/// id's. So the two end as one. Not while a third contributor could vouch
+/// (a poisoner among many), nor from a peer that contributed too little.
+#[test]
+fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
+    let peer = NodeId([2; 32]);
+    let far = vec![1.0 + 3.0 / 8f32.sqrt(); 8];
+    let two_nodes = || {
+        let mut e = engine_moving(Some(1.0));
+        e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 0), (2, 1), (2, 2)]);
+        e
+    };
+    // The digest and then the state of a peer whose replica applied
+    // `applied`; the outputs.
+    let serve = |e: &mut Engine, applied: AppliedSet| {
+        let mut state = e.replica_state();
+        state.anchor = far.clone();
+        state.applied = applied;
+        state.outer.outer_rounds = 40;
+        let (run_id, seen) = (e.run_id, e.seen());
+        let sketch = anchor_sketch(&far);
+        e.on_peer_digest(peer, ReplicaDigest { run_id, version: state.version.clone(), applied: seen, sketch });
+        let mut out: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
+        assert!(out.iter().any(|o| matches!(o, Output::FetchAnchor { .. })), "checked whole");
+        e.on_peer_anchor(peer, state);
+        out.extend(std::iter::from_fn(|| e.poll_output()));
+        out
+    };
+    let taken = |out: &[Output]| {
+        out.iter().any(|o| {
+            matches!(o, Output::Event(EngineEvent::FarReplicaTaken { peer: p, rounds })
+                if *p == NodeId([2; 32]) && (rounds - 3.0).abs() < 0.1)
+        })
+    };
+    // The same updates applied: the lower id's (the peer's) is kept.
+    let mut e = two_nodes();
+    let same = e.applied.clone();
+    let out = serve(&mut e, same);
+    assert_eq!(refusal(&out), None);
+    assert!(taken(&out));
+    assert_eq!(e.anchor(), far.as_slice());
+    assert_eq!(e.outer.outer_rounds, 40, "the outer state comes with it");
+    assert_eq!(e.stats().anchors_averaged, 1);
+    // The peer gave up one of our early updates that we applied: ours is
+    // kept, and its replica is refused (it takes ours).
+    let mut e = two_nodes();
+    let out = serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2)]));
+    assert!(!taken(&out));
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    assert_eq!(e.anchor(), &[1.0; 8]);
+    // We gave up two of its early ones, it one of ours: its is kept.
+    let mut e = two_nodes();
+    e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 2), (2, 3), (2, 4)]);
+    e.given_up = set(&[(2, 0), (2, 1)]);
+    assert!(taken(&serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]))));
+    // Node 4 contributed too and is live: it could vouch, so the far
+    // anchor waits for a voucher as before.
+    let (e, out) = engine_offered(far.clone(), peer, Some(1.0));
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    assert_eq!(e.anchor(), &[1.0; 8]);
+    // Two updates of the peer's: not a contributor yet.
+    let mut e = two_nodes();
+    e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 0), (2, 1)]);
+    assert_eq!(refusal(&offer(&mut e, peer, far)), Some(StateRefusal::NotContributor));
+    assert_eq!(e.anchor(), &[1.0; 8]);
 }
 
 /// Unsolicited digests cannot buy a second average in the same round.

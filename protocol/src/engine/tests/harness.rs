@@ -55,6 +55,8 @@ pub(super) struct Harness {
     pub(super) slow_payloads: Option<(usize, Micros, Micros)>,
     /// Late updates each node put back into their tick.
     pub(super) updates_replayed: Vec<u64>,
+    /// Far replicas of a sole fellow contributor each node took whole.
+    pub(super) far_replicas_taken: Vec<u64>,
 }
 
 impl Harness {
@@ -95,6 +97,7 @@ impl Harness {
             replayed: vec![0; speeds.len()],
             slow_payloads: None,
             updates_replayed: vec![0; speeds.len()],
+            far_replicas_taken: vec![0; speeds.len()],
         };
         for k in 0..speeds.len() {
             h.push(Micros::ZERO, Ev::Input(k, Box::new(Input::Start)));
@@ -286,6 +289,7 @@ impl Harness {
                 Output::Event(EngineEvent::Dropped { reason, .. }) => self.dropped.push((k, reason)),
                 Output::Event(EngineEvent::AggregateReplayed { .. }) => self.replayed[k] += 1,
                 Output::Event(EngineEvent::UpdateReplayed { .. }) => self.updates_replayed[k] += 1,
+                Output::Event(EngineEvent::FarReplicaTaken { .. }) => self.far_replicas_taken[k] += 1,
                 Output::Event(_) => {}
             }
         }
