@@ -281,7 +281,8 @@ impl Engine {
         // pair is the whole swarm then, as for a joiner whose one peer
         // serves a state (taken unchecked): one side takes the other's
         // replica whole, the one both sides' rule picks.
-        if !self.could_vouch_for(&from) && self.peer_replica_wins(from, &state) {
+        let sole = !self.could_vouch_for(&from);
+        if sole && self.peer_replica_wins(from, &state) {
             self.take_whole(&state);
             self.outer.count = self.outer.count.min(self.cfg.membership.max_peers);
             self.averaged_with(from, &state);
@@ -290,7 +291,7 @@ impl Engine {
         }
         // Checked whole with nobody to vouch: refused from the digest's
         // sketch for a while.
-        if !self.could_vouch_for(&from) {
+        if sole {
             self.far_checked = Some((from, self.round));
         }
         self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });
