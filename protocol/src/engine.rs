@@ -238,8 +238,8 @@ pub struct Engine {
     averaged_this_round: bool,
     /// A far anchor waiting for a second peer to vouch for it.
     far_candidate: Option<anti_entropy::FarCandidate>,
-    /// The peer whose far anchor we last checked whole and refused, and our
-    /// round then.
+    /// The peer whose far anchor, with nobody to vouch for it, we last
+    /// fetched whole, and our round then.
     far_checked: Option<(NodeId, u64)>,
     /// The anchor our last round started from.
     last_base: Option<Arc<Vec<f32>>>,

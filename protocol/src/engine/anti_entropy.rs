@@ -61,6 +61,12 @@ const FAR_BY_SKETCH_MARGIN: f32 = 1.1;
 /// now and then rather than never.
 const FAR_RECHECK_ROUNDS: u64 = 16;
 
+/// Outer rounds below which a replica may still be replaced whole by the
+/// far replica of its only fellow contributor: about a minute of ticks, so
+/// two nodes that met within it merge (the NAT lab's met 7-14 s in), and
+/// no single peer can replace a replica that trained longer.
+const FOUNDER_OUTER_ROUNDS: u64 = 64;
+
 /// An anchor asked for after matching digests: what it must still match
 /// when it arrives.
 #[derive(Debug)]
@@ -166,11 +172,14 @@ impl Engine {
             // decides which replica both keep; see `on_far_anchor`.)
             if let Some(r) = rounds.filter(|r| r.is_nan() || *r > MAX_ANCHOR_DISTANCE_ROUNDS * FAR_BY_SKETCH_MARGIN)
                 && !self.could_vouch_for(&from)
-                && self.far_checked.is_some_and(|(p, at)| p == from && self.round < at + FAR_RECHECK_ROUNDS)
             {
-                let reason = StateRefusal::TooFarBySketch { rounds: r };
-                self.event(EngineEvent::AnchorRefused { peer: from, reason });
-                return;
+                let round = self.round;
+                if self.far_checked.is_some_and(|(p, at)| p == from && round < at + FAR_RECHECK_ROUNDS) {
+                    let reason = StateRefusal::TooFarBySketch { rounds: r };
+                    self.event(EngineEvent::AnchorRefused { peer: from, reason });
+                    return;
+                }
+                self.far_checked = Some((from, round));
             }
             self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
             self.emit(Output::FetchAnchor { from });
@@ -263,8 +272,8 @@ impl Engine {
     /// peers with the same replica. So a far anchor is used only once a
     /// second contributor serves one that agrees with it; until then it is
     /// kept and another peer is asked for its digest. Where no second
-    /// contributor could (a swarm of two), one side takes the other's
-    /// replica whole.
+    /// contributor could (a swarm of two), a young replica may take the
+    /// other's whole ([`Self::yields_to_sole_contributor`]).
     fn on_far_anchor(&mut self, from: NodeId, state: ReplicaState, rounds: f32) {
         let vouched = self
             .far_candidate
@@ -274,25 +283,12 @@ impl Engine {
             self.blend(from, &state, None);
             return;
         }
-        // Two nodes that trained apart before they met (both started alone,
-        // say behind NATs only a relay crossed), or a swarm of two after a
-        // partition: nobody can vouch, and each refused the other's replica
-        // for good, so the run kept two models (NAT lab, BENCHMARKS.md). The
-        // pair is the whole swarm then, as for a joiner whose one peer
-        // serves a state (taken unchecked): one side takes the other's
-        // replica whole, the one both sides' rule picks.
-        let sole = !self.could_vouch_for(&from);
-        if sole && self.peer_replica_wins(from, &state) {
+        if !self.could_vouch_for(&from) && self.yields_to_sole_contributor(from, &state) {
             self.take_whole(&state);
             self.outer.count = self.outer.count.min(self.cfg.membership.max_peers);
             self.averaged_with(from, &state);
             self.event(EngineEvent::FarReplicaTaken { peer: from, rounds });
             return;
-        }
-        // Checked whole with nobody to vouch: refused from the digest's
-        // sketch for a while.
-        if sole {
-            self.far_checked = Some((from, self.round));
         }
         self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });
         self.far_candidate = Some(FarCandidate { peer: from, anchor: state.anchor, round: self.round });
@@ -375,6 +371,26 @@ impl Engine {
             && theirs.count <= self.cfg.membership.max_peers
             && theirs.outer_rounds <= ours.outer_rounds + MAX_OUTER_ROUNDS_AHEAD
             && inner_lr_ok
+    }
+
+    /// Two nodes that trained apart before they met (both started alone,
+    /// say behind NATs only a relay crossed) hold far replicas nobody can
+    /// vouch for, and each refused the other's for good: the run kept two
+    /// models (NAT lab, BENCHMARKS.md). The pair is the whole swarm then, so
+    /// one side takes the other's replica whole, as a joiner whose one peer
+    /// serves a state takes that. But one peer's word must not replace a
+    /// replica that trained long (a poisoner could claim whatever wins):
+    /// only a young replica (fewer than [`FOUNDER_OUTER_ROUNDS`]) yields,
+    /// to an established one first, else by [`Self::peer_replica_wins`].
+    /// Two established replicas stay apart, as before. Both sides decide
+    /// alike on the same two states.
+    fn yields_to_sole_contributor(&self, from: NodeId, state: &ReplicaState) -> bool {
+        let young = |outer_rounds: u64| outer_rounds < FOUNDER_OUTER_ROUNDS;
+        match (young(self.outer.outer_rounds), young(state.outer.outer_rounds)) {
+            (false, _) => false,
+            (true, false) => true,
+            (true, true) => self.peer_replica_wins(from, state),
+        }
     }
 
     /// Which of two replicas over the same updates both keep: the one that

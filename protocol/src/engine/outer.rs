@@ -26,6 +26,11 @@ pub struct OuterState {
     pub restarts: u64,
 }
 
+/// Most outer rounds a state may claim: AdamW's bias correction takes the
+/// count as an `i32` exponent, and a forged count past it would turn the
+/// anchor into NaN (a billion rounds is more than any run reaches).
+pub const MAX_OUTER_ROUNDS: u64 = 1 << 30;
+
 impl OuterState {
     /// Zero state for `n` parameters.
     pub fn new(kind: OuterKind, n: usize) -> Self {
@@ -55,7 +60,9 @@ impl OuterState {
     pub fn fits(&self, kind: OuterKind, n: usize) -> bool {
         let all_finite =
             [&self.momentum, &self.buffer, &self.second_moment].iter().all(|v| v.iter().all(|x| x.is_finite()));
-        Self::lengths(kind, n) == (self.momentum.len(), self.buffer.len(), self.second_moment.len()) && all_finite
+        Self::lengths(kind, n) == (self.momentum.len(), self.buffer.len(), self.second_moment.len())
+            && all_finite
+            && self.outer_rounds <= MAX_OUTER_ROUNDS
     }
 
     /// The outer learning rate after warm-up.

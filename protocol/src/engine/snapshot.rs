@@ -57,8 +57,9 @@ pub enum StateError {
         /// Parameters received.
         got: usize,
     },
-    /// The outer state does not fit the configured optimiser.
-    #[error("outer optimiser state does not fit the manifest's optimiser")]
+    /// The outer state does not fit the configured optimiser, or claims
+    /// more rounds than [`super::outer::MAX_OUTER_ROUNDS`].
+    #[error("outer optimiser state does not fit the manifest's optimiser or claims too many rounds")]
     OuterState,
     /// Non-finite values.
     #[error("state contains non-finite values")]

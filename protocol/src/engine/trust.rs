@@ -9,9 +9,10 @@
 //! a second peer that contributed updates serves an anchor that agrees with
 //! it (the other side of a healed partition is many such peers; a poisoner
 //! alone is one). So one peer gets no more power over our replica than a
-//! bounded step per round, except where it is the only other contributor:
-//! of two nodes that trained apart before they met, one takes the other's
-//! replica whole, as a joiner with one peer takes that peer's.
+//! bounded step per round, except where it is the only other contributor
+//! of a replica that is still young: of two nodes that trained apart before
+//! they met, one takes the other's replica whole, as a joiner with one peer
+//! takes that peer's.
 
 use std::collections::VecDeque;
 

@@ -303,10 +303,13 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
 
 /// The other side of the pair above: the far replica of our sole fellow
 /// contributor is taken whole (anchor and outer state) where both sides'
-/// rule picks it: the replica that applied more of what the other gave up
-/// (its own early work, dropped by the other as too stale), else the lower
-/// id's. So the two end as one. Not while a third contributor could vouch
-/// (a poisoner among many), nor from a peer that contributed too little.
+/// rule picks it. Only a young replica (under FOUNDER_OUTER_ROUNDS) yields:
+/// to an established one first, else to the one that applied more of what
+/// the other gave up (its own early work, dropped by the other as too
+/// stale), else to the lower id's. So the two end as one. Not while a third
+/// contributor could vouch (a poisoner among many), not an established
+/// replica of ours, not from a peer that contributed too little, and never
+/// a state claiming more outer rounds than any run reaches.
 #[test]
 fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
     let peer = NodeId([2; 32]);
@@ -317,12 +320,12 @@ fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
         e
     };
     // The digest and then the state of a peer whose replica applied
-    // `applied`; the outputs.
-    let serve = |e: &mut Engine, applied: AppliedSet| {
+    // `applied` over `outer_rounds`; the outputs.
+    let serve = |e: &mut Engine, applied: AppliedSet, outer_rounds: u64| {
         let mut state = e.replica_state();
         state.anchor = far.clone();
         state.applied = applied;
-        state.outer.outer_rounds = 40;
+        state.outer.outer_rounds = outer_rounds;
         let (run_id, seen) = (e.run_id, e.seen());
         let sketch = anchor_sketch(&far);
         e.on_peer_digest(peer, ReplicaDigest { run_id, version: state.version.clone(), applied: seen, sketch });
@@ -338,10 +341,11 @@ fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
                 if *p == NodeId([2; 32]) && (rounds - 3.0).abs() < 0.1)
         })
     };
-    // The same updates applied: the lower id's (the peer's) is kept.
+    let peer_gave_up_ours = || set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2)]);
+    // The same updates applied, both young: the lower id's (the peer's).
     let mut e = two_nodes();
     let same = e.applied.clone();
-    let out = serve(&mut e, same);
+    let out = serve(&mut e, same.clone(), 40);
     assert_eq!(refusal(&out), None);
     assert!(taken(&out));
     assert_eq!(e.anchor(), far.as_slice());
@@ -350,15 +354,32 @@ fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
     // The peer gave up one of our early updates that we applied: ours is
     // kept, and its replica is refused (it takes ours).
     let mut e = two_nodes();
-    let out = serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2)]));
+    let out = serve(&mut e, peer_gave_up_ours(), 40);
     assert!(!taken(&out));
     assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
     assert_eq!(e.anchor(), &[1.0; 8]);
+    // ... unless the peer's replica is established and ours young.
+    let mut e = two_nodes();
+    assert!(taken(&serve(&mut e, peer_gave_up_ours(), FOUNDER_OUTER_ROUNDS)));
     // We gave up two of its early ones, it one of ours: its is kept.
     let mut e = two_nodes();
     e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 2), (2, 3), (2, 4)]);
     e.given_up = set(&[(2, 0), (2, 1)]);
-    assert!(taken(&serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]))));
+    assert!(taken(&serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]), 40)));
+    // An established replica of ours is not replaced by one peer's word,
+    // whatever it claims.
+    let mut e = two_nodes();
+    e.outer.outer_rounds = FOUNDER_OUTER_ROUNDS;
+    let out = serve(&mut e, same.clone(), 10 * FOUNDER_OUTER_ROUNDS);
+    assert!(!taken(&out));
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    assert_eq!(e.anchor(), &[1.0; 8]);
+    // A claim of more outer rounds than any run reaches (AdamW's bias
+    // correction would turn it into NaN) is no state at all.
+    let mut e = two_nodes();
+    let out = serve(&mut e, same, u64::MAX);
+    assert!(matches!(refusal(&out), Some(StateRefusal::Invalid(_))));
+    assert_eq!(e.anchor(), &[1.0; 8]);
     // Node 4 contributed too and is live: it could vouch, so the far
     // anchor waits for a voucher as before.
     let (e, out) = engine_offered(far.clone(), peer, Some(1.0));
