@@ -380,11 +380,17 @@ impl Engine {
     /// one side takes the other's replica whole, as a joiner whose one peer
     /// serves a state takes that. But one peer's word must not replace a
     /// replica that trained long (a poisoner could claim whatever wins):
-    /// only a young replica (fewer than [`FOUNDER_OUTER_ROUNDS`]) yields,
-    /// to an established one first, else by [`Self::peer_replica_wins`].
-    /// Two established replicas stay apart, as before. Both sides decide
-    /// alike on the same two states.
+    /// only a young replica (fewer than [`FOUNDER_OUTER_ROUNDS`]) that never
+    /// applied anyone's updates but ours and the peer's yields, to an
+    /// established one first, else by [`Self::peer_replica_wins`]. Two
+    /// established replicas stay apart, as before, and so does a replica
+    /// that trained with others (what is left of a swarm meeting a
+    /// newcomer). Where the two sides' rules disagree, neither takes.
     fn yields_to_sole_contributor(&self, from: NodeId, state: &ReplicaState) -> bool {
+        let founder = self.applied.recent_counts().all(|(id, _)| *id == self.me || *id == from);
+        if !founder {
+            return false;
+        }
         let young = |outer_rounds: u64| outer_rounds < FOUNDER_OUTER_ROUNDS;
         match (young(self.outer.outer_rounds), young(state.outer.outer_rounds)) {
             (false, _) => false,

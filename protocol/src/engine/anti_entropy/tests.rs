@@ -307,9 +307,10 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
 /// to an established one first, else to the one that applied more of what
 /// the other gave up (its own early work, dropped by the other as too
 /// stale), else to the lower id's. So the two end as one. Not while a third
-/// contributor could vouch (a poisoner among many), not an established
-/// replica of ours, not from a peer that contributed too little, and never
-/// a state claiming more outer rounds than any run reaches.
+/// contributor could vouch (a poisoner among many), not a replica of ours
+/// that trained with a third node or is established, not from a peer that
+/// contributed too little, and never a state claiming more outer rounds
+/// than any run reaches.
 #[test]
 fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
     let peer = NodeId([2; 32]);
@@ -366,6 +367,13 @@ fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
     e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 2), (2, 3), (2, 4)]);
     e.given_up = set(&[(2, 0), (2, 1)]);
     assert!(taken(&serve(&mut e, set(&[(3, 1), (3, 2), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]), 40)));
+    // Nor one that trained with a third node (node 5, live, one update of
+    // its applied: too few to vouch), whatever the peer claims.
+    let mut e = two_nodes();
+    e.applied.insert(UpdateId { src: NodeId([5; 32]), round: 0 });
+    let all = e.applied.clone();
+    assert!(!taken(&serve(&mut e, all, FOUNDER_OUTER_ROUNDS)));
+    assert_eq!(e.anchor(), &[1.0; 8]);
     // An established replica of ours is not replaced by one peer's word,
     // whatever it claims.
     let mut e = two_nodes();
