@@ -141,9 +141,9 @@ impl Node {
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
             EngineEvent::FarReplicaTaken { peer, rounds } => tracing::warn!(
-                "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours and no other \
-                 contributor could vouch for it (we trained apart before we met); both keep the replica that \
-                 applied more of what the other gave up, else the lower id's"
+                "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours, no other \
+                 contributor could vouch for it, and ours, young and trained with it alone, was the one to yield \
+                 (we trained apart before we met)"
             ),
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();

@@ -285,7 +285,6 @@ impl Engine {
         }
         if !self.could_vouch_for(&from) && self.yields_to_sole_contributor(from, &state) {
             self.take_whole(&state);
-            self.outer.count = self.outer.count.min(self.cfg.membership.max_peers);
             self.averaged_with(from, &state);
             self.event(EngineEvent::FarReplicaTaken { peer: from, rounds });
             return;
@@ -420,6 +419,9 @@ impl Engine {
         self.late_updates.clear();
         self.anchor = Arc::new(state.anchor.clone());
         self.outer = state.outer.clone();
+        // No more arrivals in the buffer than a group has (a near replica
+        // is within it already; a far one is taken on the peer's word).
+        self.outer.count = self.outer.count.min(self.cfg.membership.max_peers);
         self.inner_lr = state.inner_lr.clone();
     }
 
