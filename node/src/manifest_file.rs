@@ -199,7 +199,12 @@ pub fn new_run(r: &NewRun) -> Result<Manifest, ManifestFileError> {
     ]);
     let o = &r.overrides;
     let creator_set: Vec<&str> = [
-        ("schedule", o.grace.or(o.margin).is_some() || o.period_ms.is_some() || o.overlap.or(o.partial_step).is_some()),
+        (
+            "schedule",
+            o.grace.or(o.margin).is_some()
+                || o.period_ms.is_some()
+                || o.overlap.or(o.partial_step).or(o.lead).is_some(),
+        ),
         ("staleness", o.weight.is_some() || o.measure.is_some() || o.tau_max.is_some()),
         ("codec", o.codec.is_some() || o.error_feedback.is_some()),
         ("anti_entropy", o.anti_entropy_every.is_some()),
@@ -333,13 +338,16 @@ mod tests {
             }
         }
         let m = new_run(&run("teacher")).unwrap();
-        assert!(m.rationale["schedule"].contains("partial step on, overlap off: the gopals preset"));
+        assert!(m.rationale["schedule"].contains("partial step on, lead steps on, overlap off: the gopals preset"));
         let mut r = run("teacher");
         r.overrides.partial_step = Some(false);
         r.overrides.anti_entropy_every = Some(0);
         let m = new_run(&r).unwrap();
         let schedule = &m.rationale["schedule"];
-        assert!(schedule.contains("partial step off, overlap off: chosen by the run's creator"), "{schedule}");
+        assert!(
+            schedule.contains("partial step off, lead steps on, overlap off: chosen by the run's creator"),
+            "{schedule}"
+        );
         assert!(m.rationale["anti_entropy"].starts_with("off: chosen by the run's creator"));
         assert!(m.rationale["staleness"].contains("the gopals preset"));
         let mut r = run("teacher");

@@ -517,14 +517,18 @@ impl Node {
             TrainerReply::PhaseDone { result, total_s, trace, .. } => {
                 self.phase.done(result.round);
                 self.busy_s += total_s;
-                self.metrics.rounds.inc();
                 self.metrics.steps.inc_by(result.steps as u64);
                 self.metrics.samples.inc_by(result.samples);
-                if result.loss.is_finite() {
-                    self.metrics.train_loss.set(result.loss as f64);
-                }
                 let round = result.round;
                 self.engine.handle(now(), Input::LocalPhaseDone(result));
+                if self.engine.round() <= round {
+                    return; // a lead step: the round goes on (or was dropped)
+                }
+                self.metrics.rounds.inc();
+                let loss = self.engine.stats().last_loss;
+                if loss.is_finite() {
+                    self.metrics.train_loss.set(loss as f64);
+                }
                 if self.opts.eval_every > 0 && (round + 1).is_multiple_of(self.opts.eval_every) {
                     let params = self.engine.anchor_arc();
                     if let Err(e) = self.trainer.send(TrainerCommand::Evaluate { params, tag: round }) {

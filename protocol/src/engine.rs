@@ -21,6 +21,7 @@ pub mod idle;
 pub mod inner_lr;
 mod io;
 mod late_updates;
+mod lead;
 pub mod membership;
 pub mod outer;
 mod receive;
@@ -110,6 +111,10 @@ struct Training {
     base_version: Option<VersionVector>,
     base_applied_total: u64,
     base_tick: u64,
+    /// The work of the round's lead steps, carried onto `base`.
+    lead: Option<lead::LeadWork>,
+    /// This phase is a lead step ([`lead`]), not the round itself.
+    leading: bool,
 }
 
 /// An update whose payload is being fetched.
@@ -245,6 +250,8 @@ pub struct Engine {
     last_base: Option<Arc<Vec<f32>>>,
     /// The last tick in which a starved speed estimate was probed.
     last_probe_tick: Option<u64>,
+    /// The lead steps of the round about to start (tick mode, `lead`).
+    lead: Option<lead::Lead>,
     // Timers and outputs.
     wake_at: Option<Micros>,
     /// The wait in progress, booked into `stats.idle`.
@@ -321,6 +328,7 @@ impl Engine {
             far_candidate: None,
             far_checked: None,
             last_probe_tick: None,
+            lead: None,
             wake_at: None,
             idle: idle::IdleClock::default(),
             startup_until: None,

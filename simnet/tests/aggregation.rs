@@ -115,11 +115,19 @@ fn anti_entropy_repairs_replicas_that_missed_sums() {
         s.engine.aggregation =
             Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: 0 });
         let opts = RunOptions { strategy: Strategy::Gopals, seed: 0, progress: false, ddp_lr: None };
-        RunSummary::new(&s, &run(&s, &opts).unwrap())
+        let out = run(&s, &opts).unwrap();
+        // The replicas' distance at the samples of the second half: new
+        // sums go missing all the time, so what tells repair from drift
+        // is whether the replicas are brought back together, not the
+        // distance at one instant (repaired, it swings 0.0005-0.056 over
+        // a run; seeds 0-2, with and without lead steps).
+        let closest = out.series.iter().filter(|p| p.t >= 60.0).map(|p| p.consensus_max).fold(f32::MAX, f32::min);
+        (RunSummary::new(&s, &out), closest)
     };
-    let (without, with) = (run_with(0), run_with(10));
+    let ((without, apart), (with, together)) = (run_with(0), run_with(10));
     assert!(without.messages_lost > 100 && with.messages_lost > 100);
-    assert!(without.consensus_distance_final > 0.03, "{}", without.consensus_distance_final);
-    assert!(with.consensus_distance_final < 0.01, "{}", with.consensus_distance_final);
+    // Without it, seeds 0-2 never came closer than 0.05 after 60 s.
+    assert!(apart > 0.03, "{apart}");
+    assert!(together < 0.01, "{together}");
     assert!(with.anchors_averaged > 0);
 }

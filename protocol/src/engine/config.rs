@@ -128,6 +128,12 @@ pub enum Schedule {
         /// of one): a slow node's tick otherwise loses up to a step's time.
         #[serde(default)]
         partial_step: bool,
+        /// While the last tick's updates arrive, train the round's first
+        /// steps on the anchor as it is and carry them onto the new anchor
+        /// when the batch is applied: the exchange wait
+        /// becomes training.
+        #[serde(default)]
+        lead: bool,
     },
     /// Round r+1 starts when every live member's round-r update is applied.
     Barrier,
@@ -361,7 +367,14 @@ impl EngineConfig {
         };
         let base = EngineConfig {
             strategy,
-            schedule: Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None, overlap: false, partial_step: false },
+            schedule: Schedule::Tick {
+                grace: 0.1,
+                margin: 0.02,
+                period_ms: None,
+                overlap: false,
+                partial_step: false,
+                lead: false,
+            },
             work: Work::ProportionalToSpeed,
             local: LocalMode::Train,
             h: DEFAULT_H,
@@ -400,9 +413,18 @@ impl EngineConfig {
                 // A last, partial step fills a slow node's tick: the least
                 // busy node's utilisation from 52-78% to 66-94% over the
                 // simulator's scenarios and tasks (BENCHMARKS.md, "a partial
-                // step fills the tick").
-                let schedule =
-                    Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: None, overlap: false, partial_step: true };
+                // step fills the tick"). Lead steps fill the exchange wait
+                // of nodes fast enough to fit a step into it: hetero-8x-16's
+                // exchange share of up time from 5.5% to 2.6% (BENCHMARKS.md,
+                // "lead steps").
+                let schedule = Schedule::Tick {
+                    grace: 0.1,
+                    margin: 0.02,
+                    period_ms: None,
+                    overlap: false,
+                    partial_step: true,
+                    lead: true,
+                };
                 EngineConfig { outer, schedule, ..base }
             }
             Strategy::GopalsAsync => EngineConfig {

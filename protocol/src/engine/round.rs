@@ -73,7 +73,7 @@ impl Engine {
     /// fraction of a last, partial step (0 for none), or `None` after
     /// setting when to look again.
     fn tick_round_steps(&mut self, now: Micros) -> Option<(u32, f32)> {
-        let Schedule::Tick { grace, margin, period_ms, overlap, partial_step } = self.cfg.schedule else {
+        let Schedule::Tick { grace, margin, period_ms, overlap, partial_step, lead } = self.cfg.schedule else {
             return None;
         };
         if self.clock.is_none() {
@@ -95,6 +95,9 @@ impl Engine {
         // Overlapped, the last tick's updates are applied a tick later:
         // nothing to wait for.
         if !overlap && now < deadline && k > 0 && !self.batch_arrived(k - 1) {
+            if lead && self.try_lead(now, k, deadline) {
+                return None;
+            }
             self.wake_at = Some(deadline);
             self.wait(now, IdleReason::Exchange);
             return None;
@@ -129,7 +132,8 @@ impl Engine {
                 c.propose_period(now, proposed);
             }
         }
-        if steps < self.cfg.h_min {
+        let led = self.lead.as_ref().map_or(0, |l| l.steps_in(k));
+        if steps + led < self.cfg.h_min {
             // Too little of this tick left to train: still absorb the last
             // tick's updates (once), so this replica keeps up while it waits.
             if self.last_batch_tick != Some(k) {
@@ -217,6 +221,7 @@ impl Engine {
         }
         let round = self.round;
         let base = self.anchor.clone();
+        let (start, started, lead) = self.carry_lead(base_tick, now);
         if let Some(previous) = self.last_base.replace(base.clone())
             && !self.averaged_this_round
             && !Arc::ptr_eq(&base, &previous)
@@ -226,11 +231,13 @@ impl Engine {
         self.averaged_this_round = false;
         self.phase = Phase::Training(Training {
             round,
-            started: now,
-            base: base.clone(),
+            started,
+            base,
             base_version: (self.cfg.staleness.measure == StalenessMeasure::Receiver).then(|| self.version.clone()),
             base_applied_total: self.version.total(),
             base_tick,
+            lead,
+            leading: false,
         });
         let seed = self.rng.next_u64();
         // Tick mode: a round sized to the tick must end by the next tick,
@@ -246,7 +253,7 @@ impl Engine {
         };
         self.emit(Output::StartLocalPhase(LocalPhase {
             round,
-            anchor: base,
+            anchor: start,
             steps,
             partial,
             lr_scale: self.lr_scale(now),
@@ -267,6 +274,9 @@ impl Engine {
             Phase::Training(t) if t.round == result.round => t.clone(),
             _ => return, // a stale or unexpected result: ignore
         };
+        if training.leading {
+            return self.on_lead_done(result);
+        }
         if result.params.len() != training.base.len() {
             // The trainer broke its contract; do not publish garbage.
             self.phase = Phase::Waiting;
@@ -275,6 +285,13 @@ impl Engine {
         let elapsed = now.saturating_sub(training.started).as_secs_f64().max(1e-6);
         // A partial step counts for its share of a batch, so the estimate
         // stays in whole steps per second.
+        let mut result = result;
+        if let Some(lead) = training.lead {
+            result.loss = lead.mean_loss(&result);
+            result.steps += lead.steps;
+            result.samples += lead.samples;
+            result.flops += lead.flops;
+        }
         let work = (result.steps as f64 + result.partial.clamp(0.0, 1.0) as f64).max(1.0);
         self.update_speed((work / elapsed) as f32);
         self.stats.rounds += 1;

@@ -18,6 +18,7 @@ mod harness;
 mod idle;
 mod inner_lr;
 mod late_updates;
+mod lead;
 mod overlap;
 mod partial_step;
 mod tick_mode;
@@ -433,8 +434,14 @@ fn a_resumed_node_takes_back_its_own_lost_updates() {
 #[test]
 fn a_starved_speed_estimate_still_trains_now_and_then() {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
-    cfg.schedule =
-        Schedule::Tick { grace: 0.1, margin: 0.02, period_ms: Some(2000), overlap: false, partial_step: false };
+    cfg.schedule = Schedule::Tick {
+        grace: 0.1,
+        margin: 0.02,
+        period_ms: Some(2000),
+        overlap: false,
+        partial_step: false,
+        lead: false,
+    };
     let me = Keypair::deterministic(5, 0).node_id();
     // 1 step/s: 2 steps per 2 s tick, below h_min.
     let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 1.0, 1);

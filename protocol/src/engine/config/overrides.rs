@@ -53,6 +53,8 @@ pub struct EngineOverrides {
     pub overlap: Option<bool>,
     /// End rounds with a partial step (tick mode).
     pub partial_step: Option<bool>,
+    /// Train lead steps during the exchange wait (tick mode).
+    pub lead: Option<bool>,
     /// Pull probability.
     pub pull_p: Option<f32>,
     /// Pull strength.
@@ -141,12 +143,13 @@ impl EngineOverrides {
         {
             c.work = v;
         }
-        if let Schedule::Tick { grace, margin, period_ms, overlap, partial_step } = &mut c.schedule {
+        if let Schedule::Tick { grace, margin, period_ms, overlap, partial_step, lead } = &mut c.schedule {
             *grace = self.grace.unwrap_or(*grace);
             *margin = self.margin.unwrap_or(*margin);
             *period_ms = self.period_ms.or(*period_ms);
             *overlap = self.overlap.unwrap_or(*overlap);
             *partial_step = self.partial_step.unwrap_or(*partial_step);
+            *lead = self.lead.unwrap_or(*lead);
         }
         if let Some(v) = self.pull_p {
             c.pull.p = v;

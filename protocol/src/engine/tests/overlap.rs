@@ -7,8 +7,10 @@ fn overlapped(overlap: bool) -> EngineConfig {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
     cfg.h = 20;
     cfg.h_min = 2;
-    if let Schedule::Tick { overlap: o, .. } = &mut cfg.schedule {
+    // Against the plain waiting schedule: no lead steps in the wait.
+    if let Schedule::Tick { overlap: o, lead, .. } = &mut cfg.schedule {
         *o = overlap;
+        *lead = false;
     }
     cfg
 }

@@ -34,8 +34,14 @@ fn tick_mode_with_unbounded_grace_equals_the_synchronous_result() {
     sync.outer.warmup_rounds = 0;
     sync.anti_entropy.every_rounds = 0;
     let mut tick = sync;
-    tick.schedule =
-        Schedule::Tick { grace: 1e9, margin: 0.0, period_ms: Some(6_000), overlap: false, partial_step: false };
+    tick.schedule = Schedule::Tick {
+        grace: 1e9,
+        margin: 0.0,
+        period_ms: Some(6_000),
+        overlap: false,
+        partial_step: false,
+        lead: false,
+    };
     tick.staleness.measure = StalenessMeasure::Tick;
     // Equal speeds: every node's round fits one tick.
     let speeds = [1.0, 1.0, 1.0, 1.0];
