@@ -310,7 +310,7 @@ impl<'a> Sim<'a> {
                     self.drain(node);
                 }
             }
-            Ev::PhaseDone { node, incarnation, result, delta, first_loss } => {
+            Ev::PhaseDone { node, incarnation, result, delta, first_loss, lead } => {
                 if self.nodes[node].incarnation != incarnation {
                     return Ok(());
                 }
@@ -318,15 +318,19 @@ impl<'a> Sim<'a> {
                 let group = self.nodes[node].group;
                 let gradient =
                     self.nodes[node].engine.as_ref().is_some_and(|e| e.config().local == LocalMode::Gradient);
-                let phase = PhaseRecord {
-                    delta: &delta,
-                    local: (!gradient).then_some(result.params.as_slice()),
-                    steps: result.steps,
-                    loss: first_loss,
-                };
-                self.layers.record(node, group, phase);
-                if !gradient && self.layers.wants_representation(group) {
-                    self.record_representation(group, &result.params, &delta)?;
+                // The study measures rounds (a carried round from where its
+                // own steps started), not their lead steps.
+                if !lead {
+                    let phase = PhaseRecord {
+                        delta: &delta,
+                        local: (!gradient).then_some(result.params.as_slice()),
+                        steps: result.steps,
+                        loss: first_loss,
+                    };
+                    self.layers.record(node, group, phase);
+                    if !gradient && self.layers.wants_representation(group) {
+                        self.record_representation(group, &result.params, &delta)?;
+                    }
                 }
                 self.handle(node, Input::LocalPhaseDone(*result));
             }

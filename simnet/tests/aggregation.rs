@@ -116,18 +116,22 @@ fn anti_entropy_repairs_replicas_that_missed_sums() {
             Some(AggregationConfig { groups: 4, aggregators: 3, quorum: 2, fanout: 8, min_tick_ms: 0 });
         let opts = RunOptions { strategy: Strategy::Gopals, seed: 0, progress: false, ddp_lr: None };
         let out = run(&s, &opts).unwrap();
-        // The replicas' distance at the samples of the second half: new
-        // sums go missing all the time, so what tells repair from drift
-        // is whether the replicas are brought back together, not the
-        // distance at one instant (repaired, it swings 0.0005-0.056 over
-        // a run; seeds 0-2, with and without lead steps).
-        let closest = out.series.iter().filter(|p| p.t >= 60.0).map(|p| p.consensus_max).fold(f32::MAX, f32::min);
-        (RunSummary::new(&s, &out), closest)
+        // The replicas' distance at the samples of the second half, sorted:
+        // new sums go missing all the time, so what tells repair from drift
+        // is whether the replicas are brought back together and how far
+        // apart they are as a rule, not the distance at one instant
+        // (repaired, it swings 0.0005-0.056 over a run; seeds 0-2, with and
+        // without lead steps).
+        let mut late: Vec<f32> = out.series.iter().filter(|p| p.t >= 60.0).map(|p| p.consensus_max).collect();
+        late.sort_by(f32::total_cmp);
+        (RunSummary::new(&s, &out), late)
     };
     let ((without, apart), (with, together)) = (run_with(0), run_with(10));
     assert!(without.messages_lost > 100 && with.messages_lost > 100);
     // Without it, seeds 0-2 never came closer than 0.05 after 60 s.
-    assert!(apart > 0.03, "{apart}");
-    assert!(together < 0.01, "{together}");
+    assert!(apart[0] > 0.03, "{apart:?}");
+    assert!(together[0] < 0.01, "{together:?}");
+    let median = |v: &[f32]| v[v.len() / 2];
+    assert!(median(&together) < 0.5 * median(&apart), "{together:?} against {apart:?}");
     assert!(with.anchors_averaged > 0);
 }

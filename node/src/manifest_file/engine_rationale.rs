@@ -20,7 +20,7 @@ pub(super) fn engine_entries(engine: &EngineConfig, strategy: Strategy, creator_
         Schedule::Tick { grace, margin, period_ms, overlap, partial_step, lead } => format!(
             "ticks {}, grace {grace}, margin {margin} of a tick, partial step {}, lead steps {}, overlap {}: {}. A partial step \
              took hetero-4x's least busy simulated node from 67-78% to 79-91% busy; lead steps took \
-             hetero-8x-16's exchange wait from 5.5% to 2.6% of up time; overlap cost 3.8x the time to target \
+             hetero-8x-16's exchange wait from 5.4% to 2.7% of up time; overlap cost 3.8x the time to target \
              there (BENCHMARKS.md: a partial step fills the tick; lead steps; where the idle time goes)",
             period_ms.map_or_else(
                 || "every H / v_ref (v_ref: the 90th percentile speed)".into(),

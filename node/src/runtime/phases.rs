@@ -142,6 +142,7 @@ mod tests {
             pull: EngineConfig::preset(Strategy::Gopals).pull,
             seed: 0,
             deadline: None,
+            lead: false,
         }
     }
 

@@ -415,7 +415,7 @@ impl EngineConfig {
                 // simulator's scenarios and tasks (BENCHMARKS.md, "a partial
                 // step fills the tick"). Lead steps fill the exchange wait
                 // of nodes fast enough to fit a step into it: hetero-8x-16's
-                // exchange share of up time from 5.5% to 2.6% (BENCHMARKS.md,
+                // exchange share of up time from 5.4% to 2.7% (BENCHMARKS.md,
                 // "lead steps").
                 let schedule = Schedule::Tick {
                     grace: 0.1,

@@ -37,6 +37,10 @@ pub struct LocalPhase {
     /// Stop stepping at this time even if steps remain (tick mode): keeps a
     /// round inside its tick when the speed estimate was optimistic.
     pub deadline: Option<Micros>,
+    /// A lead step of the round, trained while the last tick's updates
+    /// arrive: its result is not the round's, so a shell does not count or
+    /// measure it as one.
+    pub lead: bool,
 }
 
 /// What the trainer hands back.

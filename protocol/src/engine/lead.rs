@@ -8,13 +8,15 @@
 
 use std::sync::Arc;
 
-use super::{Engine, LocalPhase, LocalResult, Output, Phase, Training, config::LocalMode};
+use super::{
+    Engine, LocalPhase, LocalResult, Output, Phase, Training,
+    config::{LocalMode, Work},
+};
 use crate::time::Micros;
 
 /// Inner steps per lead phase: the engine looks at the exchange again after
 /// each, so the round is carried over as soon as the batch is in.
 const LEAD_CHUNK_STEPS: u32 = 1;
-const LEAD_REACH: f64 = 1.0;
 
 /// The lead of the round about to start.
 #[derive(Clone, Debug)]
@@ -25,8 +27,6 @@ pub(super) struct Lead {
     from: Arc<Vec<f32>>,
     /// The parameters after the lead steps so far.
     params: Arc<Vec<f32>>,
-    /// When the first lead step started.
-    started: Micros,
     /// The work done so far, added to the round's.
     pub(super) work: LeadWork,
 }
@@ -37,8 +37,14 @@ pub(super) struct LeadWork {
     pub(super) steps: u32,
     pub(super) samples: u64,
     pub(super) flops: f64,
+    /// Time the lead phases trained (not the waits between them): the
+    /// speed estimate counts it with the round's own.
+    pub(super) busy: Micros,
     /// Sum of the lead phases' mean losses, each weighted by its steps.
     loss_sum: f64,
+    /// A lead phase trained to a non-finite loss: the round's loss is
+    /// non-finite too, so the divergence guard still sees it.
+    nonfinite: bool,
 }
 
 impl Lead {
@@ -54,7 +60,10 @@ impl LeadWork {
         if self.steps == 0 {
             return result.loss;
         }
-        if result.steps == 0 || !result.loss.is_finite() {
+        if self.nonfinite || (result.steps > 0 && !result.loss.is_finite()) {
+            return f32::NAN;
+        }
+        if result.steps == 0 {
             return (self.loss_sum / self.steps as f64) as f32;
         }
         ((self.loss_sum + result.loss as f64 * result.steps as f64) / (self.steps + result.steps) as f64) as f32
@@ -66,10 +75,11 @@ impl Engine {
     /// fits before `deadline`, the end of the exchange wait. False: wait
     /// as before.
     pub(super) fn try_lead(&mut self, now: Micros, k: u64, deadline: Micros) -> bool {
-        if self.cfg.local != LocalMode::Train || self.cfg.pull.p > 0.0 {
+        // Fixed work takes H steps whatever the time: nothing to fill.
+        if self.cfg.local != LocalMode::Train || self.cfg.work != Work::ProportionalToSpeed || self.cfg.pull.p > 0.0 {
             return false;
         }
-        let left = deadline.saturating_sub(now).as_secs_f64() * LEAD_REACH;
+        let left = deadline.saturating_sub(now).as_secs_f64();
         if left * (self.membership.my_speed() as f64) < LEAD_CHUNK_STEPS as f64 {
             return false;
         }
@@ -80,7 +90,6 @@ impl Engine {
             tick: k,
             from: self.anchor.clone(),
             params: self.anchor.clone(),
-            started: now,
             work: LeadWork::default(),
         });
         let start = lead.params.clone();
@@ -106,12 +115,14 @@ impl Engine {
             pull: self.cfg.pull,
             seed,
             deadline: Some(deadline),
+            lead: true,
         }));
         true
     }
 
-    /// A lead phase finished: keep its parameters and work for the round.
-    pub(super) fn on_lead_done(&mut self, result: LocalResult) {
+    /// A lead phase started at `started` finished: keep its parameters and
+    /// work for the round.
+    pub(super) fn on_lead_done(&mut self, now: Micros, started: Micros, result: LocalResult) {
         self.phase = Phase::Waiting;
         let Some(lead) = self.lead.as_mut() else { return };
         if result.params.len() != lead.params.len() {
@@ -119,27 +130,30 @@ impl Engine {
             return;
         }
         lead.params = Arc::new(result.params);
-        lead.work.steps += result.steps;
-        lead.work.samples += result.samples;
-        lead.work.flops += result.flops;
-        if result.steps > 0 && result.loss.is_finite() {
-            lead.work.loss_sum += result.loss as f64 * result.steps as f64;
+        let w = &mut lead.work;
+        w.steps += result.steps;
+        w.samples += result.samples;
+        w.flops += result.flops;
+        w.busy = w.busy + now.saturating_sub(started);
+        if result.steps > 0 {
+            w.loss_sum += result.loss as f64 * result.steps as f64;
+            w.nonfinite |= !result.loss.is_finite();
         }
     }
 
     /// The round of tick `tick` starts from the anchor just made: its
     /// lead, if any, is carried onto it. Returns the parameters to start
-    /// from, when the round started, and the lead's work.
-    pub(super) fn carry_lead(&mut self, tick: u64, now: Micros) -> (Arc<Vec<f32>>, Micros, Option<LeadWork>) {
+    /// from and the lead's work.
+    pub(super) fn carry_lead(&mut self, tick: u64) -> (Arc<Vec<f32>>, Option<LeadWork>) {
         let Some(lead) = self.lead.take().filter(|l| l.tick == tick && l.work.steps > 0) else {
-            return (self.anchor.clone(), now, None);
+            return (self.anchor.clone(), None);
         };
         if Arc::ptr_eq(&lead.from, &self.anchor) {
-            return (lead.params, lead.started, Some(lead.work));
+            return (lead.params, Some(lead.work));
         }
         let carried =
             self.anchor.iter().zip(lead.params.iter().zip(lead.from.iter())).map(|(a, (p, f))| a + (p - f)).collect();
-        (Arc::new(carried), lead.started, Some(lead.work))
+        (Arc::new(carried), Some(lead.work))
     }
 }
 
@@ -158,20 +172,20 @@ mod tests {
         let cfg = EngineConfig::preset(Strategy::Gopals);
         let mut e = Engine::new(cfg, me, RunId(crate::ids::Hash32([1; 32])), Micros::ZERO, vec![1.0, 2.0, 3.0], 1.0, 1);
         let from = e.anchor.clone();
-        let work = LeadWork { steps: 2, samples: 64, flops: 0.0, loss_sum: 1.0 };
-        let lead = Lead { tick: 7, from, params: Arc::new(vec![1.5, 2.0, 2.0]), started: Micros(5), work };
+        let work = LeadWork { steps: 2, samples: 64, busy: Micros(5), loss_sum: 1.0, ..LeadWork::default() };
+        let lead = Lead { tick: 7, from, params: Arc::new(vec![1.5, 2.0, 2.0]), work };
         // The batch moved the anchor by (1, -1, 0.5) while the lead trained.
         e.lead = Some(lead.clone());
         e.anchor = Arc::new(vec![2.0, 1.0, 3.5]);
-        let (start, started, carried) = e.carry_lead(7, Micros(9));
+        let (start, carried) = e.carry_lead(7);
         assert_eq!(*start, vec![2.5, 1.0, 2.5]);
-        assert_eq!((started, carried.map(|w| w.steps)), (Micros(5), Some(2)));
+        assert_eq!(carried.map(|w| (w.steps, w.busy)), Some((2, Micros(5))));
         assert!(e.lead.is_none());
         // A lead of another tick is dropped: the round starts at the anchor.
         e.lead = Some(lead);
-        let (start, started, carried) = e.carry_lead(8, Micros(9));
+        let (start, carried) = e.carry_lead(8);
         assert!(Arc::ptr_eq(&start, &e.anchor));
-        assert_eq!((started, carried.is_none()), (Micros(9), true));
+        assert!(carried.is_none());
     }
 
     fn result(steps: u32, loss: f32) -> LocalResult {
@@ -179,10 +193,15 @@ mod tests {
     }
 
     #[test]
-    fn the_round_loss_weighs_lead_and_round_steps_alike() {
-        let work = LeadWork { steps: 1, samples: 32, flops: 0.0, loss_sum: 4.0 };
+    fn the_round_loss_weighs_lead_and_round_steps_alike_and_keeps_a_divergence() {
+        let work = LeadWork { steps: 1, samples: 32, loss_sum: 4.0, ..LeadWork::default() };
         assert_eq!(work.mean_loss(&result(3, 2.0)), 2.5);
         assert_eq!(work.mean_loss(&result(0, f32::NAN)), 4.0);
         assert_eq!(LeadWork::default().mean_loss(&result(2, 3.0)), 3.0);
+        // A diverged lead step or round makes the round's loss non-finite:
+        // the inner rate's divergence guard reads it as a spike.
+        assert!(work.mean_loss(&result(3, f32::NAN)).is_nan());
+        let diverged = LeadWork { nonfinite: true, ..work };
+        assert!(diverged.mean_loss(&result(3, 2.0)).is_nan());
     }
 }

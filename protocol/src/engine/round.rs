@@ -221,7 +221,7 @@ impl Engine {
         }
         let round = self.round;
         let base = self.anchor.clone();
-        let (start, started, lead) = self.carry_lead(base_tick, now);
+        let (start, lead) = self.carry_lead(base_tick);
         if let Some(previous) = self.last_base.replace(base.clone())
             && !self.averaged_this_round
             && !Arc::ptr_eq(&base, &previous)
@@ -231,7 +231,7 @@ impl Engine {
         self.averaged_this_round = false;
         self.phase = Phase::Training(Training {
             round,
-            started,
+            started: now,
             base,
             base_version: (self.cfg.staleness.measure == StalenessMeasure::Receiver).then(|| self.version.clone()),
             base_applied_total: self.version.total(),
@@ -261,6 +261,7 @@ impl Engine {
             pull: self.cfg.pull,
             seed,
             deadline,
+            lead: false,
         }));
         self.event(EngineEvent::RoundStarted { round, steps, base_tick });
         let every = self.cfg.anti_entropy.every_rounds as u64;
@@ -275,14 +276,16 @@ impl Engine {
             _ => return, // a stale or unexpected result: ignore
         };
         if training.leading {
-            return self.on_lead_done(result);
+            return self.on_lead_done(now, training.started, result);
         }
         if result.params.len() != training.base.len() {
             // The trainer broke its contract; do not publish garbage.
             self.phase = Phase::Waiting;
             return;
         }
-        let elapsed = now.saturating_sub(training.started).as_secs_f64().max(1e-6);
+        // The round's own time and its lead steps' (not the waits between).
+        let lead_busy = training.lead.map_or(Micros::ZERO, |l| l.busy);
+        let elapsed = (now.saturating_sub(training.started) + lead_busy).as_secs_f64().max(1e-6);
         // A partial step counts for its share of a batch, so the estimate
         // stays in whole steps per second.
         let mut result = result;

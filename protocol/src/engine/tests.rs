@@ -73,6 +73,18 @@ fn toy_phase(node: usize, phase: &LocalPhase, lr: f32) -> LocalResult {
     }
 }
 
+/// Ticks of a fixed `period_ms`, with no partial step, lead or overlap.
+fn plain_ticks_of(period_ms: u32) -> Schedule {
+    Schedule::Tick {
+        grace: 0.1,
+        margin: 0.02,
+        period_ms: Some(period_ms),
+        overlap: false,
+        partial_step: false,
+        lead: false,
+    }
+}
+
 fn lossless(mut cfg: EngineConfig) -> EngineConfig {
     cfg.codec = CodecKind::F32;
     cfg.error_feedback = false;
@@ -131,6 +143,7 @@ fn barrier_delayed_nesterov_matches_diloco_by_hand() {
                 pull: cfg.pull,
                 seed: 0,
                 deadline: None,
+                lead: false,
             };
             let theta = toy_phase(k, &p, h.lr).params;
             for i in 0..DIM {
@@ -434,14 +447,7 @@ fn a_resumed_node_takes_back_its_own_lost_updates() {
 #[test]
 fn a_starved_speed_estimate_still_trains_now_and_then() {
     let mut cfg = EngineConfig::preset(Strategy::Gopals);
-    cfg.schedule = Schedule::Tick {
-        grace: 0.1,
-        margin: 0.02,
-        period_ms: Some(2000),
-        overlap: false,
-        partial_step: false,
-        lead: false,
-    };
+    cfg.schedule = plain_ticks_of(2000);
     let me = Keypair::deterministic(5, 0).node_id();
     // 1 step/s: 2 steps per 2 s tick, below h_min.
     let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 1.0, 1);

@@ -46,6 +46,8 @@ pub(super) enum Ev {
         delta: Vec<f32>,
         /// The loss of the phase's first batch, at the anchor.
         first_loss: f32,
+        /// A lead step, not the round: the study does not record it.
+        lead: bool,
     },
     Deliver {
         node: usize,

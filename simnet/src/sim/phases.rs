@@ -67,7 +67,7 @@ impl Sim<'_> {
             } else {
                 p.anchor.iter().zip(&result.params).map(|(a, t)| a - t).collect()
             };
-            let first_loss = result.first_loss;
+            let (first_loss, lead) = (result.first_loss, p.lead);
             let local = LocalResult {
                 round: p.round,
                 params: result.params,
@@ -83,6 +83,7 @@ impl Sim<'_> {
                 result: Box::new(local),
                 delta,
                 first_loss,
+                lead,
             };
             self.push(job.done_at, ev);
         }

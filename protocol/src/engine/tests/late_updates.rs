@@ -91,14 +91,7 @@ fn late_tick_updates_are_weighted_by_the_batch_that_applies_them() {
 fn tick_rounds_have_a_deadline_unless_work_is_fixed() {
     let first_phase = |work: Work| {
         let mut cfg = EngineConfig::preset(Strategy::Gopals);
-        cfg.schedule = Schedule::Tick {
-            grace: 0.1,
-            margin: 0.02,
-            period_ms: Some(2000),
-            overlap: false,
-            partial_step: false,
-            lead: false,
-        };
+        cfg.schedule = plain_ticks_of(2000);
         cfg.work = work;
         let me = Keypair::deterministic(5, 0).node_id();
         let mut e = Engine::new(cfg, me, RunId(Hash32([1; 32])), Micros::ZERO, vec![0.0; DIM], 10.0, 1);
