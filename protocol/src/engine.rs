@@ -24,6 +24,7 @@ mod late_updates;
 mod lead;
 pub mod membership;
 pub mod outer;
+mod phase;
 mod receive;
 pub mod roster;
 mod round;
@@ -49,6 +50,7 @@ pub use idle::{IdleReason, IdleTimes};
 pub use io::{EngineEvent, Input, LocalPhase, LocalResult, Output, Publication};
 use membership::{Membership, PeerInfo};
 use outer::OuterState;
+use phase::{Phase, Training};
 pub use snapshot::{EngineCheckpoint, ReplicaState};
 use tick::TickClock;
 
@@ -89,33 +91,6 @@ const FETCH_TIMEOUT: Micros = Micros(60_000_000);
 /// and event), and a queue keeps what it grew to: 0.5 GB over the
 /// simulator's 1,000 engines.
 const OUTPUTS_KEPT: usize = 256;
-
-/// What the engine is doing.
-#[derive(Clone, Debug)]
-enum Phase {
-    /// Not started yet.
-    Created,
-    /// Waiting to start the next round.
-    Waiting,
-    /// A local phase is running on the trainer.
-    Training(Training),
-    /// Left the swarm.
-    Stopped,
-}
-
-#[derive(Clone, Debug)]
-struct Training {
-    round: u64,
-    started: Micros,
-    base: Arc<Vec<f32>>,
-    base_version: Option<VersionVector>,
-    base_applied_total: u64,
-    base_tick: u64,
-    /// The work of the round's lead steps, carried onto `base`.
-    lead: Option<lead::LeadWork>,
-    /// This phase is a lead step ([`lead`]), not the round itself.
-    leading: bool,
-}
 
 /// An update whose payload is being fetched.
 #[derive(Clone, Debug)]
