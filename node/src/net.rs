@@ -234,6 +234,10 @@ pub struct NetInfo {
     pub mesh: usize,
     /// How each connected peer is reached: direct, relayed or quic.
     pub kinds: Vec<(PeerId, &'static str)>,
+    /// Peers with whom bulk transfers wait: reached only through a relay
+    /// while a hole punch may still come, or punched with the relayed
+    /// connection not yet closed (`Connections::bulk_waits`).
+    pub bulk_waits: Vec<PeerId>,
 }
 
 /// A cloneable handle to the network task.

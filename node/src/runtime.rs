@@ -122,7 +122,8 @@ pub(crate) enum Internal {
     },
     Anchor {
         from: NodeId,
-        result: Result<Box<ragtag_protocol::engine::ReplicaState>, fetch::FetchError>,
+        /// The state and the bytes it took.
+        result: Result<(Box<ragtag_protocol::engine::ReplicaState>, u64), fetch::FetchError>,
     },
     /// A sum pulled from `from`: one the engine asked for, or one offered.
     Sum {
@@ -202,6 +203,9 @@ pub(crate) struct Node {
     bytes_in_by_connection: BTreeMap<&'static str, u64>,
     hole_punch: crate::status::HolePunchStatus,
     peer_scores: BTreeMap<String, f64>,
+    /// Peers whose replica state is not pulled now, as it would cross a
+    /// relay while a direct connection may come (`net::NetInfo`).
+    bulk_waits: BTreeSet<PeerId>,
     /// The local phase in the trainer's hands.
     phase: phases::PhaseWatch,
     /// Our stdout was closed (`ragtag run --json | head`): stop cleanly.
@@ -372,6 +376,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         bytes_in_by_connection: BTreeMap::new(),
         hole_punch: Default::default(),
         peer_scores: BTreeMap::new(),
+        bulk_waits: BTreeSet::new(),
         phase: phases::PhaseWatch::default(),
         stdout_closed: false,
         peer_table: peer_table::PeerTable::default(),

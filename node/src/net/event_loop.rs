@@ -371,8 +371,10 @@ impl EventLoop {
                 let mesh = gs.mesh_peers(&self.topic.hash()).count();
                 let connections = self.swarm.network_info().connection_counters().num_established() as usize;
                 let kinds = connected.iter().filter_map(|p| self.connections.kind(p).map(|k| (*p, k))).collect();
-                let _ =
-                    reply.send(NetInfo { connected, connections, listen: self.listen.clone(), scores, mesh, kinds });
+                let now = std::time::Instant::now();
+                let bulk_waits = connected.iter().filter(|p| self.connections.bulk_waits(p, now)).copied().collect();
+                let listen = self.listen.clone();
+                let _ = reply.send(NetInfo { connected, connections, listen, scores, mesh, kinds, bulk_waits });
             }
             Command::Shutdown => {}
         }

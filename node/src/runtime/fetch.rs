@@ -166,16 +166,22 @@ pub(crate) async fn aggregate(
 }
 
 /// A peer's replica state, head and shared part both from it (the caller
-/// verifies it against the manifest).
-pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<ReplicaState, FetchError> {
-    let head = state_head(net, peer, run_id).await?;
+/// verifies it against the manifest), and the bytes it took.
+pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<(ReplicaState, u64), FetchError> {
+    let head_bytes = state_head_bytes(net, peer, run_id).await?;
+    let head = state_transfer::decode_head(&head_bytes)?;
     let shared = shared_state(net, &[peer], run_id, &head, |_, _| {}).await?;
-    Ok(state_transfer::assemble(head, &shared.bytes)?)
+    let bytes = (head_bytes.len() + shared.bytes.len()) as u64;
+    Ok((state_transfer::assemble(head, &shared.bytes)?, bytes))
 }
 
 /// The head of a peer's current replica state: its own part, naming the
 /// shared part by hash.
 pub(crate) async fn state_head(net: &Client, peer: PeerId, run_id: RunId) -> Result<StateHead, FetchError> {
+    Ok(state_transfer::decode_head(&state_head_bytes(net, peer, run_id).await?)?)
+}
+
+async fn state_head_bytes(net: &Client, peer: PeerId, run_id: RunId) -> Result<Vec<u8>, FetchError> {
     let (bytes, _) = fetch_chunked(
         net,
         peer,
@@ -189,7 +195,7 @@ pub(crate) async fn state_head(net: &Client, peer: PeerId, run_id: RunId) -> Res
         },
     )
     .await?;
-    Ok(state_transfer::decode_head(&bytes)?)
+    Ok(bytes)
 }
 
 /// Smallest chunk a shared-state transfer asks for (a small state comes in

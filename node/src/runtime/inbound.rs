@@ -430,7 +430,10 @@ impl Node {
                 self.on_sum_fetched((key, group), (from, hash), asked, result)
             }
             Internal::Anchor { from, result } => match result {
-                Ok(state) => self.engine.handle(now(), Input::PeerAnchor { from, state }),
+                Ok((state, bytes)) => {
+                    self.received(Self::peer_of(&from), bytes as usize);
+                    self.engine.handle(now(), Input::PeerAnchor { from, state });
+                }
                 Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
             },
         }

@@ -97,10 +97,18 @@ impl Node {
             }
             Output::FetchAnchor { from } => {
                 let Some(p) = Self::peer_of(&from) else { return };
+                if self.bulk_waits.contains(&p) {
+                    // Not pulled: the engine asks again at a later digest
+                    // (an unanswered fetch lapses with the anti-entropy
+                    // period), by when the punch may have come.
+                    tracing::debug!("pulling {p}'s replica state waits for a direct connection (a relay reaches it)");
+                    return;
+                }
                 let (net, tx, run) = (self.net.clone(), self.internal_tx.clone(), self.engine.run_id());
                 tokio::spawn(async move {
                     let result = fetch::state(&net, p, run).await;
-                    let _ = tx.send(Internal::Anchor { from, result: result.map(Box::new) }).await;
+                    let result = result.map(|(state, bytes)| (Box::new(state), bytes));
+                    let _ = tx.send(Internal::Anchor { from, result }).await;
                 });
             }
             Output::Record(kind) => {

@@ -12,6 +12,7 @@ impl Node {
         if let Ok(info) = self.net.info().await {
             self.peer_scores = info.scores.iter().map(|(p, s)| (p.to_string(), *s)).collect();
             self.peer_table.connection_kinds(&info.kinds);
+            self.bulk_waits = info.bulk_waits.into_iter().collect();
         }
     }
 
