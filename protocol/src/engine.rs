@@ -336,6 +336,7 @@ impl Engine {
             }
             Input::PeerDigest { from, digest } => self.on_peer_digest(from, digest),
             Input::PeerAnchor { from, state } => self.on_peer_anchor(from, *state),
+            Input::AnchorUnavailable { from } => self.on_anchor_unavailable(from),
             Input::AggregateAnnouncement { announcement, from } => {
                 self.on_aggregate_announcement(now, announcement, from)
             }

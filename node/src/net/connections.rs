@@ -182,14 +182,15 @@ impl Connections {
 
     /// Whether bulk transfers with `peer` should wait: it is reached only
     /// through a relay and a hole punch may still come (see
-    /// [`BULK_WAITS_FOR_PUNCH`]), or a punch came and the relayed
-    /// connection is still open for its grace (request-response spreads new
-    /// requests over every connection, so half would cross the relay).
+    /// [`BULK_WAITS_FOR_PUNCH`]), or a punch came and a relayed connection
+    /// is still open beside it, for its grace or until its close is done
+    /// (request-response spreads new requests over every connection, so
+    /// half would cross the relay). `settle` closes every such one.
     pub(crate) fn bulk_waits(&self, peer: &PeerId, now: Instant) -> bool {
         let Some(p) = self.peers.get(peer) else { return false };
         let punch_may_come = p.relayed_since.is_some_and(|t| now < t + BULK_WAITS_FOR_PUNCH);
-        let relay_closing = p.conns.iter().any(|c| c.kind == Kind::Relayed && c.close_at.is_some());
-        punch_may_come || (relay_closing && p.best().is_some_and(|k| k > Kind::Relayed))
+        let relay_beside = p.conns.iter().any(|c| c.kind == Kind::Relayed);
+        punch_may_come || (relay_beside && p.best().is_some_and(|k| k > Kind::Relayed))
     }
 
     /// Takes what is due at `now`.
@@ -307,6 +308,7 @@ mod tests {
         assert!(c.bulk_waits(&peer, later), "the relayed connections are still open");
         let closed_at = later + RELAYED_CLOSE_GRACE;
         assert_eq!(c.due(closed_at).close.len(), 2);
+        assert!(c.bulk_waits(&peer, closed_at), "closes asked for, not done");
         c.closed(peer, ConnectionId::new_unchecked(1), closed_at);
         c.closed(peer, ConnectionId::new_unchecked(2), closed_at);
         assert!(!c.bulk_waits(&peer, closed_at), "direct only");

@@ -434,7 +434,10 @@ impl Node {
                     self.received(Self::peer_of(&from), bytes as usize);
                     self.engine.handle(now(), Input::PeerAnchor { from, state });
                 }
-                Err(e) => tracing::debug!("state fetch from {from:?} failed: {e}"),
+                Err(e) => {
+                    tracing::debug!("state fetch from {from:?} failed: {e}");
+                    self.engine.handle(now(), Input::AnchorUnavailable { from });
+                }
             },
         }
     }

@@ -4,13 +4,13 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use ragtag_protocol::{
     Signed,
-    engine::{EngineEvent, Output, inner_lr::LrChange, state_transfer, trust::StateRefusal},
+    engine::{EngineEvent, Input, Output, inner_lr::LrChange, state_transfer, trust::StateRefusal},
     ids::{Hash32, NodeId},
     ledger::{RecordKind, SignedRecord},
     wire::{Have, MAX_INLINE_PAYLOAD, MAX_RECEIPTS_PER_MESSAGE, Message, MessageKind},
 };
 
-use super::{Internal, Node, fetch};
+use super::{Internal, Node, fetch, now};
 use crate::{metrics::ReasonLabel, payload_store::StoredUpdate};
 
 impl Node {
@@ -98,10 +98,10 @@ impl Node {
             Output::FetchAnchor { from } => {
                 let Some(p) = Self::peer_of(&from) else { return };
                 if self.bulk_waits.contains(&p) {
-                    // Not pulled: the engine asks again at a later digest
-                    // (an unanswered fetch lapses with the anti-entropy
-                    // period), by when the punch may have come.
-                    tracing::debug!("pulling {p}'s replica state waits for a direct connection (a relay reaches it)");
+                    // Not pulled: the engine asks again at a later digest,
+                    // by when the punch may have come.
+                    tracing::debug!("{p}'s replica state not pulled now: a relay would carry it");
+                    self.engine.handle(now(), Input::AnchorUnavailable { from });
                     return;
                 }
                 let (net, tx, run) = (self.net.clone(), self.internal_tx.clone(), self.engine.run_id());

@@ -78,6 +78,9 @@ pub(super) struct AnchorFetch {
     /// version is not the replica the digest described (a cached snapshot
     /// taken before the peer applied more, or after).
     peer_version: VersionVector,
+    /// This fetch is the far anchor's whole-state check (`far_checked`),
+    /// and what `far_checked` held before it.
+    far_check: Option<Option<(NodeId, u64)>>,
 }
 
 impl Engine {
@@ -170,6 +173,7 @@ impl Engine {
             // every few rounds, and refused from the sketch in between.
             // (Between two that trained apart, the whole anchor's check
             // decides which replica both keep; see `on_far_anchor`.)
+            let mut far_check = None;
             if let Some(r) = rounds.filter(|r| r.is_nan() || *r > MAX_ANCHOR_DISTANCE_ROUNDS * FAR_BY_SKETCH_MARGIN)
                 && !self.could_vouch_for(&from)
             {
@@ -179,9 +183,9 @@ impl Engine {
                     self.event(EngineEvent::AnchorRefused { peer: from, reason });
                     return;
                 }
-                self.far_checked = Some((from, round));
+                far_check = Some(self.far_checked.replace((from, round)));
             }
-            self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version });
+            self.anchor_fetch = Some(AnchorFetch { peer: from, seen: mine, peer_version: digest.version, far_check });
             self.emit(Output::FetchAnchor { from });
         }
     }
@@ -228,6 +232,18 @@ impl Engine {
         }
         self.given_up.insert(id);
         self.event(EngineEvent::FetchAbandoned { id });
+    }
+
+    /// The anchor asked of `from` will not come: another may be asked for
+    /// at once, and a far anchor's check that never ran is not counted
+    /// (else a pull the shell held back would refuse the peer's anchor by
+    /// its sketch for [`FAR_RECHECK_ROUNDS`]).
+    pub(super) fn on_anchor_unavailable(&mut self, from: NodeId) {
+        if let Some(fetch) = self.anchor_fetch.take_if(|f| f.peer == from)
+            && let Some(before) = fetch.far_check
+        {
+            self.far_checked = before;
+        }
     }
 
     pub(super) fn on_peer_anchor(&mut self, from: NodeId, state: ReplicaState) {

@@ -390,6 +390,13 @@ pub enum Input {
         /// Its state.
         state: Box<ReplicaState>,
     },
+    /// The replica state asked for by `Output::FetchAnchor` will not come
+    /// (the fetch failed, or the shell did not send it: a relay would
+    /// carry it): the next digest may ask again.
+    AnchorUnavailable {
+        /// The peer.
+        from: NodeId,
+    },
     /// A signed aggregate announcement (signature checked by the shell).
     AggregateAnnouncement {
         /// The announcement.

@@ -301,6 +301,43 @@ fn a_far_anchor_nobody_could_vouch_for_is_fetched_only_now_and_then() {
     assert!(fetched(&offer(&mut e, peer, far())));
 }
 
+/// A pull the shell held back (the peer is reached through a relay only)
+/// or that failed is reported unavailable: the next digest asks again,
+/// of that peer or another, and a far anchor's whole check that never ran
+/// does not turn the next digests into refusals by the sketch.
+#[test]
+fn an_anchor_that_will_not_come_is_asked_for_again_at_the_next_digest() {
+    let peer = NodeId([4; 32]);
+    let far = vec![1.0 + 3.0 / 8f32.sqrt(); 8];
+    let mut e = engine_moving(Some(1.0));
+    e.applied = set(&[(3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2)]);
+    let digest = |e: &mut Engine| {
+        let (run_id, applied) = (e.run_id, e.seen());
+        let sketch = anchor_sketch(&far);
+        e.on_peer_digest(peer, ReplicaDigest { run_id, version: VersionVector::new(), applied, sketch });
+        std::iter::from_fn(|| e.poll_output()).collect::<Vec<_>>()
+    };
+    let fetched = |out: &[Output]| out.iter().any(|o| matches!(o, Output::FetchAnchor { .. }));
+    assert!(fetched(&digest(&mut e)));
+    // Unanswered, the fetch blocks the next one until the anti-entropy
+    // period ends.
+    assert!(!fetched(&digest(&mut e)), "one fetch at a time");
+    e.on_anchor_unavailable(NodeId([9; 32]));
+    assert!(!fetched(&digest(&mut e)), "another peer's report frees nothing");
+    e.on_anchor_unavailable(peer);
+    let out = digest(&mut e);
+    assert!(fetched(&out), "asked again, not refused by the sketch: {:?}", refusal(&out));
+    // Once the whole check ran, the sketch decides for a while, as before.
+    let mut state = e.replica_state();
+    state.anchor = far.clone();
+    e.on_peer_anchor(peer, state);
+    let checked: Vec<_> = std::iter::from_fn(|| e.poll_output()).collect();
+    assert!(matches!(refusal(&checked), Some(StateRefusal::TooFar { .. })));
+    let out = digest(&mut e);
+    assert!(!fetched(&out));
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFarBySketch { .. })));
+}
+
 /// The other side of the pair above: the far replica of our sole fellow
 /// contributor is taken whole (anchor and outer state) where both sides'
 /// rule picks it. Only a young replica (under FOUNDER_OUTER_ROUNDS) yields:
