@@ -148,10 +148,11 @@ impl Node {
                 self.metrics.anchors_averaged.inc();
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
-            EngineEvent::FarReplicaTaken { peer, rounds } => tracing::warn!(
+            EngineEvent::FarReplicaTaken { peer, rounds, voided_round } => tracing::warn!(
                 "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours, no other \
                  contributor could vouch for it, and ours, young and trained with it alone, was the one to yield \
-                 (we trained apart before we met)"
+                 (we trained apart before we met){}",
+                voided_round.map_or(String::new(), |r| format!("; our round {r}, trained from ours, is not published"))
             ),
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();
