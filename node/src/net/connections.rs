@@ -118,10 +118,15 @@ impl Peer {
         // hole punch offer, so the older ones we dialed are closed after the
         // grace. Circuits the peer dialed are its own to retire: were both
         // sides to close each other's older ones, two circuits opened at
-        // once could both go.
+        // once could both go. Those two were closing only if a direct
+        // connection had made them redundant and has dropped since: kept.
         let newest = self.conns.iter().rev().find(|c| c.dialed).map(|c| c.id);
-        for c in self.conns.iter_mut().filter(|c| c.dialed && Some(c.id) != newest && c.close_at.is_none()) {
-            c.close_at = Some(at);
+        for c in &mut self.conns {
+            if !c.dialed || Some(c.id) == newest {
+                c.close_at = None;
+            } else if c.close_at.is_none() {
+                c.close_at = Some(at);
+            }
         }
         if self.next_retry.is_none() && self.circuit.is_some() && self.retries < PUNCH_RETRIES {
             self.next_retry = Some(now + PUNCH_RETRY_FIRST * 2u32.pow(self.retries));
@@ -286,6 +291,25 @@ mod tests {
         assert_eq!(due.close, vec![ConnectionId::new_unchecked(1), ConnectionId::new_unchecked(3)]);
         assert!(due.redial.is_empty(), "no new hole punch while a direct connection is up");
         assert_eq!(c.due(t0 + Duration::from_secs(60)), Due::default(), "each is closed once");
+    }
+
+    /// A direct connection that drops during its relayed ones' grace
+    /// leaves them open: closed, they would leave the peer unreachable
+    /// until one side dialed again.
+    #[test]
+    fn relayed_connections_stay_when_the_direct_one_drops_during_their_grace() {
+        let (peer, t0) = (PEER.parse().unwrap(), Instant::now());
+        let mut c = Connections::new(me_below(&peer));
+        c.established(peer, ConnectionId::new_unchecked(1), &dialer(circuit()), t0);
+        c.established(peer, ConnectionId::new_unchecked(2), &inbound_circuit(), t0);
+        c.established(peer, ConnectionId::new_unchecked(3), &dialer(circuit()), t0);
+        c.established(peer, ConnectionId::new_unchecked(4), &direct(), t0);
+        c.closed(peer, ConnectionId::new_unchecked(4), t0 + Duration::from_secs(1));
+        assert_eq!(c.kind(&peer), Some("relayed"));
+        let due = c.due(t0 + RELAYED_CLOSE_GRACE + Duration::from_secs(2));
+        // Only the older circuit we dialed goes (our newest carries our
+        // punch offer; the peer's is the peer's to retire).
+        assert_eq!(due.close, vec![ConnectionId::new_unchecked(1)]);
     }
 
     /// The CI failure: the first punch failed, and replica states pulled
