@@ -122,6 +122,8 @@ pub(crate) enum Internal {
     },
     Anchor {
         from: NodeId,
+        /// Which pull (`Node::anchor_pulls`).
+        pull: u64,
         /// The state and the bytes it took.
         result: Result<(Box<ragtag_protocol::engine::ReplicaState>, u64), fetch::FetchError>,
     },
@@ -206,6 +208,10 @@ pub(crate) struct Node {
     /// Peers whose replica state is not pulled now, as it would cross a
     /// relay while a direct connection may come (`net::NetInfo`).
     bulk_waits: BTreeSet<PeerId>,
+    /// Replica-state pulls the engine asked for so far: only the latest
+    /// one's failure is reported (the engine has one in flight at most,
+    /// and an older pull's late failure must not free a newer one's slot).
+    anchor_pulls: u64,
     /// The local phase in the trainer's hands.
     phase: phases::PhaseWatch,
     /// Our stdout was closed (`ragtag run --json | head`): stop cleanly.
@@ -377,6 +383,7 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         hole_punch: Default::default(),
         peer_scores: BTreeMap::new(),
         bulk_waits: BTreeSet::new(),
+        anchor_pulls: 0,
         phase: phases::PhaseWatch::default(),
         stdout_closed: false,
         peer_table: peer_table::PeerTable::default(),

@@ -221,9 +221,6 @@ pub struct Engine {
     /// The peer whose far anchor, with nobody to vouch for it, we last
     /// fetched whole, and our round then.
     far_checked: Option<(NodeId, u64)>,
-    /// Our round in flight when a far replica was taken whole: it trained
-    /// from the replica given up, so it is not published.
-    voided_round: Option<u64>,
     /// The anchor our last round started from.
     last_base: Option<Arc<Vec<f32>>>,
     /// The last tick in which a starved speed estimate was probed.
@@ -305,7 +302,6 @@ impl Engine {
             last_base: None,
             far_candidate: None,
             far_checked: None,
-            voided_round: None,
             last_probe_tick: None,
             lead: None,
             wake_at: None,

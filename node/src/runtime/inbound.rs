@@ -429,14 +429,16 @@ impl Node {
             Internal::Sum { key, group, from, hash, asked, result } => {
                 self.on_sum_fetched((key, group), (from, hash), asked, result)
             }
-            Internal::Anchor { from, result } => match result {
+            Internal::Anchor { from, pull, result } => match result {
                 Ok((state, bytes)) => {
                     self.received(Self::peer_of(&from), bytes as usize);
                     self.engine.handle(now(), Input::PeerAnchor { from, state });
                 }
                 Err(e) => {
                     tracing::debug!("state fetch from {from:?} failed: {e}");
-                    self.engine.handle(now(), Input::AnchorUnavailable { from });
+                    if pull == self.anchor_pulls {
+                        self.engine.handle(now(), Input::AnchorUnavailable { from });
+                    }
                 }
             },
         }

@@ -97,6 +97,8 @@ impl Node {
             }
             Output::FetchAnchor { from } => {
                 let Some(p) = Self::peer_of(&from) else { return };
+                self.anchor_pulls += 1;
+                let pull = self.anchor_pulls;
                 if self.bulk_waits.contains(&p) {
                     // Not pulled: the engine asks again at a later digest,
                     // by when the punch may have come.
@@ -108,7 +110,7 @@ impl Node {
                 tokio::spawn(async move {
                     let result = fetch::state(&net, p, run).await;
                     let result = result.map(|(state, bytes)| (Box::new(state), bytes));
-                    let _ = tx.send(Internal::Anchor { from, result }).await;
+                    let _ = tx.send(Internal::Anchor { from, pull, result }).await;
                 });
             }
             Output::Record(kind) => {
@@ -148,11 +150,10 @@ impl Node {
                 self.metrics.anchors_averaged.inc();
                 tracing::info!("averaged our replica with {peer:?}'s (anti-entropy)");
             }
-            EngineEvent::FarReplicaTaken { peer, rounds, voided_round } => tracing::warn!(
+            EngineEvent::FarReplicaTaken { peer, rounds } => tracing::warn!(
                 "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours, no other \
                  contributor could vouch for it, and ours, young and trained with it alone, was the one to yield \
-                 (we trained apart before we met){}",
-                voided_round.map_or(String::new(), |r| format!("; our round {r}, trained from ours, is not published"))
+                 (we trained apart before we met)"
             ),
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();

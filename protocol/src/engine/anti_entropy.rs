@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{
-    Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output, Phase,
+    Engine, EngineEvent, MAX_ANTI_ENTROPY_FETCHES, Output,
     snapshot::ReplicaState,
     trust::{self, MAX_ANCHOR_DISTANCE_ROUNDS, MAX_ANCHOR_STEP_ROUNDS, StateRefusal},
 };
@@ -302,16 +302,7 @@ impl Engine {
         if !self.could_vouch_for(&from) && self.yields_to_sole_contributor(from, &state) {
             self.take_whole(&state);
             self.averaged_with(from, &state);
-            // The round in flight trains from the replica just given up:
-            // its update would move the taken one by a step taken far
-            // from it (on every replica, ours included). Dropped, and
-            // so is a lead trained there.
-            self.voided_round = match &self.phase {
-                Phase::Training(t) if !t.leading => Some(t.round),
-                _ => None,
-            };
-            self.lead = None;
-            self.event(EngineEvent::FarReplicaTaken { peer: from, rounds, voided_round: self.voided_round });
+            self.event(EngineEvent::FarReplicaTaken { peer: from, rounds });
             return;
         }
         self.event(EngineEvent::AnchorRefused { peer: from, reason: StateRefusal::TooFar { rounds } });

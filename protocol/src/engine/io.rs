@@ -141,9 +141,6 @@ pub enum EngineEvent {
         peer: NodeId,
         /// How far its anchor lay, in rounds of our replica's movement.
         rounds: f32,
-        /// Our round in flight then, which trained from the replica given
-        /// up: it is not published.
-        voided_round: Option<u64>,
     },
     /// An update arrived after its batch (tick or round) was closed here,
     /// so it joins a later outer round than on replicas that had it in time.

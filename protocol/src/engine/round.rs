@@ -301,12 +301,6 @@ impl Engine {
         self.stats.steps += result.steps as u64;
         self.stats.samples += result.samples;
         self.stats.last_loss = result.loss;
-        if self.voided_round.take_if(|r| *r == training.round).is_some() {
-            // Trained from a replica given up since (a far one taken whole).
-            self.round += 1;
-            self.phase = Phase::Waiting;
-            return;
-        }
 
         let mut delta = result.params;
         if self.cfg.local == LocalMode::Train {
