@@ -125,7 +125,7 @@ pub(crate) enum Internal {
         /// Which pull (`Node::anchor_pulls`).
         pull: u64,
         /// The state and the bytes it took.
-        result: Result<(Box<ragtag_protocol::engine::ReplicaState>, u64), fetch::FetchError>,
+        result: Result<(Box<ragtag_protocol::engine::ReplicaState>, usize), fetch::FetchError>,
     },
     /// A sum pulled from `from`: one the engine asked for, or one offered.
     Sum {

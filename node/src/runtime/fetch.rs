@@ -167,11 +167,11 @@ pub(crate) async fn aggregate(
 
 /// A peer's replica state, head and shared part both from it (the caller
 /// verifies it against the manifest), and the bytes it took.
-pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<(ReplicaState, u64), FetchError> {
+pub(crate) async fn state(net: &Client, peer: PeerId, run_id: RunId) -> Result<(ReplicaState, usize), FetchError> {
     let head_bytes = state_head_bytes(net, peer, run_id).await?;
     let head = state_transfer::decode_head(&head_bytes)?;
     let shared = shared_state(net, &[peer], run_id, &head, |_, _| {}).await?;
-    let bytes = (head_bytes.len() + shared.bytes.len()) as u64;
+    let bytes = head_bytes.len() + shared.bytes.len();
     Ok((state_transfer::assemble(head, &shared.bytes)?, bytes))
 }
 

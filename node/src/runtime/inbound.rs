@@ -431,7 +431,7 @@ impl Node {
             }
             Internal::Anchor { from, pull, result } => match result {
                 Ok((state, bytes)) => {
-                    self.received(Self::peer_of(&from), bytes as usize);
+                    self.received(Self::peer_of(&from), bytes);
                     self.engine.handle(now(), Input::PeerAnchor { from, state });
                 }
                 Err(e) => {
