@@ -221,6 +221,10 @@ pub struct Engine {
     /// The peer whose far anchor, with nobody to vouch for it, we last
     /// fetched whole, and our round then.
     far_checked: Option<(NodeId, u64)>,
+    /// Contributors whose whole anchor we last checked far from ours, with
+    /// our round then: evidence that no fellow contributor shares our
+    /// replica (`anti_entropy`'s founders' rule).
+    far_peers: BTreeMap<NodeId, u64>,
     /// The anchor our last round started from.
     last_base: Option<Arc<Vec<f32>>>,
     /// The last tick in which a starved speed estimate was probed.
@@ -302,6 +306,7 @@ impl Engine {
             last_base: None,
             far_candidate: None,
             far_checked: None,
+            far_peers: BTreeMap::new(),
             last_probe_tick: None,
             lead: None,
             wake_at: None,

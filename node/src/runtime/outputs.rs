@@ -152,8 +152,7 @@ impl Node {
             }
             EngineEvent::FarReplicaTaken { peer, rounds } => tracing::warn!(
                 "took {peer:?}'s replica whole: it lay {rounds:.1} rounds of movement from ours, no other \
-                 contributor could vouch for it, and ours, young and trained with it alone, was the one to yield \
-                 (we trained apart before we met)"
+                 contributor shared ours, and ours, young, was the one to yield (we trained apart before we met)"
             ),
             EngineEvent::LateUpdate { id, key, applied_in } => {
                 self.metrics.late_updates.inc();

@@ -61,11 +61,15 @@ const FAR_BY_SKETCH_MARGIN: f32 = 1.1;
 /// now and then rather than never.
 const FAR_RECHECK_ROUNDS: u64 = 16;
 
-/// Outer rounds below which a replica may still be replaced whole by the
-/// far replica of its only fellow contributor: about a minute of ticks, so
-/// two nodes that met within it merge (the NAT lab's met 7-14 s in), and
-/// no single peer can replace a replica that trained longer.
+/// Outer rounds below which a replica no fellow contributor shares may
+/// still be replaced whole by a far peer's: about a minute of ticks, so
+/// nodes that met within it merge (the NAT lab's met 7-14 s in), and no
+/// single peer can replace a replica that trained longer.
 const FOUNDER_OUTER_ROUNDS: u64 = 64;
+
+/// Our rounds a whole-anchor check that put a peer's anchor far from ours
+/// counts as evidence that the peer does not share our replica.
+const FAR_EVIDENCE_ROUNDS: u64 = 32;
 
 /// An anchor asked for after matching digests: what it must still match
 /// when it arrives.
@@ -149,6 +153,12 @@ impl Engine {
         };
         let rounds = self.movement.median().map(|m| distance * trust::norm(&self.anchor) / m);
         self.event(EngineEvent::ConsensusDistance { peer: from, distance, rounds });
+        // The sketch only estimates, and a peer writes its own: it can end
+        // the evidence that the peer lies far (a clear near reading), never
+        // give it.
+        if rounds.is_some_and(|r| r * FAR_BY_SKETCH_MARGIN <= MAX_ANCHOR_DISTANCE_ROUNDS) {
+            self.far_peers.remove(&from);
+        }
         let same_set = missing.is_empty() && mine.missing_from(&digest.applied).is_empty();
         if same_set {
             // Only replicas over the same updates compare meaningfully.
@@ -276,6 +286,7 @@ impl Engine {
             return;
         };
         let rounds = trust::distance(&self.anchor, &state.anchor) / scale;
+        self.note_distance(from, rounds);
         if rounds.is_nan() || rounds > MAX_ANCHOR_DISTANCE_ROUNDS {
             self.on_far_anchor(from, state, rounds);
             return;
@@ -287,9 +298,9 @@ impl Engine {
     /// of a healed partition holds. The difference: the other side is many
     /// peers with the same replica. So a far anchor is used only once a
     /// second contributor serves one that agrees with it; until then it is
-    /// kept and another peer is asked for its digest. Where no second
-    /// contributor could (a swarm of two), a young replica may take the
-    /// other's whole ([`Self::yields_to_sole_contributor`]).
+    /// kept and another peer is asked for its digest. Where nobody shares
+    /// our replica (founders that trained apart), a young replica may take
+    /// a far one whole ([`Self::yields_to_far_founder`]).
     fn on_far_anchor(&mut self, from: NodeId, state: ReplicaState, rounds: f32) {
         let vouched = self
             .far_candidate
@@ -299,7 +310,7 @@ impl Engine {
             self.blend(from, &state, None);
             return;
         }
-        if !self.could_vouch_for(&from) && self.yields_to_sole_contributor(from, &state) {
+        if self.yields_to_far_founder(from, &state) {
             self.take_whole(&state);
             self.averaged_with(from, &state);
             self.event(EngineEvent::FarReplicaTaken { peer: from, rounds });
@@ -341,6 +352,10 @@ impl Engine {
         // The closed ticks cannot be recomputed past an average.
         self.aggregation.replay.clear();
         self.late_updates.clear();
+        if anchor_bound.is_none() {
+            // Moved half way to a far replica: the old readings are void.
+            self.far_peers.clear();
+        }
         let anchor = Arc::make_mut(&mut self.anchor);
         trust::bounded_blend(anchor, &state.anchor, 0.5, anchor_bound);
         let outer_bound = |norm: f32| anchor_bound.map(|_| 0.5 * norm);
@@ -388,29 +403,52 @@ impl Engine {
             && inner_lr_ok
     }
 
-    /// Two nodes that trained apart before they met (both started alone,
-    /// say behind NATs only a relay crossed) hold far replicas nobody can
-    /// vouch for, and each refused the other's for good: the run kept two
-    /// models (NAT lab, BENCHMARKS.md). The pair is the whole swarm then, so
-    /// one side takes the other's replica whole, as a joiner whose one peer
-    /// serves a state takes that. But one peer's word must not replace a
-    /// replica that trained long (a poisoner could claim whatever wins):
-    /// only a young replica (fewer than [`FOUNDER_OUTER_ROUNDS`]) that never
-    /// applied anyone's updates but ours and the peer's yields, to an
-    /// established one first, else by [`Self::peer_replica_wins`]. Two
-    /// established replicas stay apart, as before, and so does a replica
-    /// that trained with others (what is left of a swarm meeting a
-    /// newcomer). Where the two sides' rules disagree, neither takes.
-    fn yields_to_sole_contributor(&self, from: NodeId, state: &ReplicaState) -> bool {
-        let founder = self.applied.recent_counts().all(|(id, _)| *id == self.me || *id == from);
-        if !founder {
+    /// Nodes that trained apart before they met (all started alone, say
+    /// behind NATs only a relay crossed) hold far replicas nobody can vouch
+    /// for, and each refused the others' for good: the run kept two models
+    /// (NAT lab, BENCHMARKS.md), or three (three founders kept apart for
+    /// the first 15 s in the simulator). So a young replica (fewer than
+    /// [`FOUNDER_OUTER_ROUNDS`]) that no fellow contributor shares takes a
+    /// far peer's whole, as a joiner whose one peer serves a state takes
+    /// that: a young one's by [`Self::peer_replica_wins`], which young
+    /// founders decide alike; an established one's only where that peer is
+    /// our sole fellow contributor (young founders meeting an established
+    /// one and others stay apart, as before).
+    ///
+    /// One peer's word must not replace a replica others share (a poisoner
+    /// could claim whatever wins): every other node whose updates we
+    /// applied must be live and its whole anchor checked far from ours
+    /// within [`FAR_EVIDENCE_ROUNDS`] (since our anchor last moved to
+    /// another replica). A replica that trained long, or with others near
+    /// it (what is left of a swarm meeting a newcomer), keeps to the
+    /// vouching rule. Where two sides' rules disagree, neither takes.
+    fn yields_to_far_founder(&self, from: NodeId, state: &ReplicaState) -> bool {
+        let round = self.round;
+        let seen_far =
+            |id: &NodeId| self.far_peers.get(id).is_some_and(|at| round < at.saturating_add(FAR_EVIDENCE_ROUNDS));
+        let others: Vec<&NodeId> =
+            self.applied.recent_counts().map(|(id, _)| id).filter(|id| **id != self.me && **id != from).collect();
+        if !others.iter().all(|id| self.membership.is_live(id) && seen_far(id)) {
             return false;
         }
         let young = |outer_rounds: u64| outer_rounds < FOUNDER_OUTER_ROUNDS;
         match (young(self.outer.outer_rounds), young(state.outer.outer_rounds)) {
             (false, _) => false,
-            (true, false) => true,
+            (true, false) => others.is_empty(),
             (true, true) => self.peer_replica_wins(from, state),
+        }
+    }
+
+    /// Books how far a contributor's whole anchor lies from ours, in rounds
+    /// of our movement. Entries older than [`FAR_EVIDENCE_ROUNDS`] go, so
+    /// the map holds only contributors checked lately.
+    fn note_distance(&mut self, peer: NodeId, rounds: f32) {
+        let round = self.round;
+        self.far_peers.retain(|_, at| round < at.saturating_add(FAR_EVIDENCE_ROUNDS));
+        if rounds.is_nan() || rounds > MAX_ANCHOR_DISTANCE_ROUNDS {
+            self.far_peers.insert(peer, round);
+        } else {
+            self.far_peers.remove(&peer);
         }
     }
 
@@ -418,7 +456,10 @@ impl Engine {
     /// applied more of the updates the other only gave up (it missed their
     /// sum; or, between two that trained apart, it kept its own early work
     /// the other dropped as too stale), else the lower id's. Both sides
-    /// decide alike, so the pair ends as one.
+    /// decide alike, so the pair ends as one. Among more than two it is
+    /// not always an order (the sets compare within each source's last
+    /// rounds, so the window moves with the pair); where it cycles, the
+    /// replicas, near after a take, average instead.
     fn peer_replica_wins(&self, from: NodeId, state: &ReplicaState) -> bool {
         let theirs_only = state.applied.missing_from(&self.applied).len();
         let ours_only = self.applied.missing_from(&state.applied).len();
@@ -430,6 +471,8 @@ impl Engine {
     /// good. Beyond it, midpoints: two replicas that missed different sums
     /// average out their errors, where one kept whole keeps its own.
     fn take_whole(&mut self, state: &ReplicaState) {
+        // What was far from our replica says nothing about this one.
+        self.far_peers.clear();
         // The closed ticks cannot be recomputed past it.
         self.aggregation.replay.clear();
         self.late_updates.clear();

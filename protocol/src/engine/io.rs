@@ -133,9 +133,9 @@ pub enum EngineEvent {
         /// The peer.
         peer: NodeId,
     },
-    /// The far replica of the only other live contributor was taken whole
-    /// (two nodes that trained apart before they met): what our replica
-    /// held that the peer's did not is gone.
+    /// A far replica was taken whole (nodes that trained apart before they
+    /// met, ours shared by none of them): what our replica held that the
+    /// peer's did not is gone.
     FarReplicaTaken {
         /// The peer.
         peer: NodeId,

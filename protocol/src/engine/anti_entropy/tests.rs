@@ -437,6 +437,81 @@ fn the_far_replica_of_a_sole_fellow_contributor_is_taken_whole_by_one_side() {
     assert_eq!(e.anchor(), &[1.0; 8]);
 }
 
+/// Three founders that trained apart (the simulator: three nodes kept
+/// apart for their first 15 s stayed 0.59 apart to the end): each could
+/// vouch for the others' far anchors, and none agreed. A young replica now
+/// takes the far replica the founders' rule picks (here the same updates:
+/// the lower id's) once every other contributor's whole anchor was checked
+/// far lately; while one of them may share our replica (not checked, read
+/// near, checked too long ago, gone) the far anchor waits for a voucher,
+/// as before, and an established replica is taken only from a sole fellow
+/// contributor.
+#[test]
+fn founders_that_trained_apart_take_the_replica_every_founder_picks() {
+    let (peer, third) = (NodeId([2; 32]), NodeId([4; 32]));
+    let far = vec![1.0 + 3.0 / 8f32.sqrt(); 8];
+    let elsewhere = vec![1.0 - 3.0 / 8f32.sqrt(); 8];
+    let three = || {
+        let mut e = engine_moving(Some(1.0));
+        e.applied = set(&[(3, 0), (3, 1), (3, 2), (2, 0), (2, 1), (2, 2), (4, 0), (4, 1), (4, 2)]);
+        e
+    };
+    let taken = |out: &[Output]| out.iter().any(|o| matches!(o, Output::Event(EngineEvent::FarReplicaTaken { .. })));
+    let mut e = three();
+    let out = offer(&mut e, peer, far.clone());
+    assert!(!taken(&out), "node 4 was not read: it may share our replica");
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    assert!(out.iter().any(|o| matches!(o, Output::AntiEntropy { peer: p, .. } if *p == third)), "node 4 is asked");
+    // Node 4's replica lies far too, elsewhere: not vouched for, and not
+    // taken (it loses to ours: the same updates, and our id is lower).
+    let out = offer(&mut e, third, elsewhere.clone());
+    assert!(!taken(&out));
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    // Node 2's wins over ours: taken whole. What was read far from the
+    // replica we gave up says nothing about this one.
+    let out = offer(&mut e, peer, far.clone());
+    assert!(taken(&out), "{out:?}");
+    assert_eq!(e.anchor(), far.as_slice());
+    assert!(e.far_peers.is_empty());
+    // Node 4 read near us, read too long ago, or gone: node 2's waits.
+    let read_far = |e: &mut Engine| {
+        offer(e, third, elsewhere.clone());
+        e.round += 1;
+    };
+    let mut e = three();
+    read_far(&mut e);
+    offer(&mut e, third, vec![1.0; 8]);
+    assert!(!taken(&offer(&mut e, peer, far.clone())), "node 4 read near");
+    let mut e = three();
+    read_far(&mut e);
+    e.round += FAR_EVIDENCE_ROUNDS;
+    assert!(!taken(&offer(&mut e, peer, far.clone())), "read too long ago");
+    let mut e = three();
+    read_far(&mut e);
+    e.membership.remove(&third);
+    assert!(!taken(&offer(&mut e, peer, far.clone())), "node 4 left");
+    // Every other contributor read far: a young peer's replica is taken,
+    // an established one's is not (only from a sole fellow contributor).
+    let mut e = three();
+    read_far(&mut e);
+    assert!(taken(&offer(&mut e, peer, far.clone())));
+    let mut e = three();
+    read_far(&mut e);
+    let mut state = e.replica_state();
+    state.anchor = far.clone();
+    state.outer.outer_rounds = FOUNDER_OUTER_ROUNDS;
+    let (run_id, applied) = (e.run_id, e.seen());
+    e.on_peer_digest(
+        peer,
+        ReplicaDigest { run_id, version: state.version.clone(), applied, sketch: anchor_sketch(&far) },
+    );
+    e.on_peer_anchor(peer, state);
+    let out: Vec<Output> = std::iter::from_fn(|| e.poll_output()).collect();
+    assert!(!taken(&out), "an established peer's word, with a third founder about");
+    assert!(matches!(refusal(&out), Some(StateRefusal::TooFar { .. })));
+    assert_eq!(e.anchor(), &[1.0; 8]);
+}
+
 /// Unsolicited digests cannot buy a second average in the same round.
 #[test]
 fn one_average_per_round() {

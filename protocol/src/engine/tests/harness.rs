@@ -55,7 +55,7 @@ pub(super) struct Harness {
     pub(super) slow_payloads: Option<(usize, Micros, Micros)>,
     /// Late updates each node put back into their tick.
     pub(super) updates_replayed: Vec<u64>,
-    /// Far replicas of a sole fellow contributor each node took whole.
+    /// Far replicas each node took whole (founders that trained apart).
     pub(super) far_replicas_taken: Vec<u64>,
 }
 
