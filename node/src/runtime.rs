@@ -390,6 +390,8 @@ pub async fn run(opts: NodeOptions) -> Result<Outcome, RuntimeError> {
         credit: None,
         opts,
     };
+    let known = found.training.iter().filter_map(identity::node_id).collect();
+    node.engine.handle(now(), Input::PeersKnown(known));
     node.engine.handle(now(), Input::Start);
     node.drain().await;
     for ev in inbox.into_events() {

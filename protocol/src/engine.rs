@@ -236,6 +236,9 @@ pub struct Engine {
     /// The wait in progress, booked into `stats.idle`.
     idle: idle::IdleClock,
     startup_until: Option<Micros>,
+    /// Peers the shell knows take part: heard from all, the startup wait
+    /// is over.
+    startup_expects: BTreeSet<NodeId>,
     next_heartbeat: Micros,
     heartbeat_seq: u64,
     outputs: VecDeque<Output>,
@@ -312,6 +315,7 @@ impl Engine {
             wake_at: None,
             idle: idle::IdleClock::default(),
             startup_until: None,
+            startup_expects: BTreeSet::new(),
             next_heartbeat: Micros::ZERO,
             heartbeat_seq: 0,
             outputs: VecDeque::new(),
@@ -326,6 +330,10 @@ impl Engine {
         self.expire_peers(now);
         match input {
             Input::Start => self.on_start(now),
+            Input::PeersKnown(peers) => {
+                let cap = self.cfg.membership.max_peers as usize;
+                self.startup_expects = peers.into_iter().filter(|p| *p != self.me).take(cap).collect();
+            }
             Input::LocalPhaseDone(result) => self.on_local_phase_done(now, result),
             Input::Announcement { announcement, from } => self.on_announcement(now, announcement, from),
             Input::Update { announcement, from, payload } => self.on_update(now, announcement, from, payload),

@@ -283,7 +283,10 @@ impl<'a> Sim<'a> {
             engine.share_decoded_sums(self.shared_sums.clone());
             self.nodes[i].bring_up(engine, 0.0);
         }
+        let ids: Vec<NodeId> = starting.iter().map(|&i| self.nodes[i].id).collect();
         for &i in &starting {
+            // What a real node's settle phase finds: the run's nodes up now.
+            self.handle(i, Input::PeersKnown(ids.clone()));
             self.handle(i, Input::Start);
         }
         for (i, _) in self.scenario.events.iter().enumerate() {
@@ -357,6 +360,9 @@ impl<'a> Sim<'a> {
                         self.nodes[node].join_engine(&self.manifest, self.run_id, *state, self.scenario.step_cost_s);
                     engine.share_decoded_sums(self.shared_sums.clone());
                     self.nodes[node].bring_up(engine, self.now);
+                    let up = (0..self.nodes.len()).filter(|&i| i != node && self.nodes[i].state == NodeState::Up);
+                    let ids = up.map(|i| self.nodes[i].id).collect();
+                    self.handle(node, Input::PeersKnown(ids));
                     self.handle(node, Input::Start);
                 }
             }

@@ -26,6 +26,9 @@ pub(crate) struct Settled {
     pub listen: Vec<Multiaddr>,
     /// The peers connected by the end of the wait.
     pub connected: BTreeSet<PeerId>,
+    /// The peers subscribed to the run's topic by then: they train, and
+    /// the engine's startup wait ends once each has been heard.
+    pub training: BTreeSet<PeerId>,
     /// The peers to take the replica state from: those that train, then
     /// the run's other holders; anyone connected only when neither is known
     /// (a bootstrap node or a mere client serves none, and one that never
@@ -100,5 +103,5 @@ pub(crate) async fn settle(
         state_sources = connected.iter().copied().collect();
     }
     let no_bootstrap_reached = !want.is_empty() && connected.is_empty();
-    Settled { listen, connected, state_sources, no_bootstrap_reached }
+    Settled { listen, connected, training, state_sources, no_bootstrap_reached }
 }

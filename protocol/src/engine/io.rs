@@ -327,6 +327,10 @@ pub enum Output {
 pub enum Input {
     /// Begin taking part.
     Start,
+    /// Peers the shell knows take part in the run (at most `max_peers` are
+    /// kept): the startup wait ends as soon as each has been heard, rather
+    /// than after the whole `startup_ms`.
+    PeersKnown(Vec<NodeId>),
     /// The trainer finished a local phase.
     LocalPhaseDone(LocalResult),
     /// A validated (signature, run, shape) announcement arrived via `from`.

@@ -21,11 +21,12 @@ impl Engine {
         if !matches!(self.phase, Phase::Waiting) {
             return;
         }
-        if self.startup_until.is_some_and(|t| now < t) {
+        if self.startup_until.is_some_and(|t| now < t) && !self.expected_peers_heard() {
             self.wait(now, IdleReason::Startup);
             return;
         }
         self.startup_until = None;
+        self.startup_expects.clear();
         self.wake_at = None;
         let (steps, partial) = match self.cfg.schedule {
             Schedule::FreeRunning => (self.proportional_steps(), 0.0),
@@ -44,6 +45,12 @@ impl Engine {
             }
         };
         self.start_round(now, steps, partial);
+    }
+
+    /// Whether every peer the shell knows takes part has been heard (none
+    /// known: not yet, the whole wait runs).
+    fn expected_peers_heard(&self) -> bool {
+        !self.startup_expects.is_empty() && self.startup_expects.iter().all(|p| self.membership.is_live(p))
     }
 
     /// `clamp(floor(H v_i / v_ref), H_min, H)`, or H for fixed work.

@@ -531,3 +531,51 @@ fn a_drained_output_queue_keeps_a_bounded_capacity() {
     assert!(drained >= 5_000);
     assert!(e.outputs.capacity() <= OUTPUTS_KEPT, "{} slots kept", e.outputs.capacity());
 }
+
+/// The startup wait ends once every peer the shell knows takes part has
+/// been heard, where the whole `startup_ms` (2 s) was every run's first
+/// idle time; a known peer that stays silent, or none known, keeps the
+/// whole wait.
+#[test]
+fn the_startup_wait_ends_once_the_known_peers_are_heard() {
+    let cfg = EngineConfig::preset(Strategy::Gopals);
+    let run = crate::ids::RunId(Hash32([7; 32]));
+    let (me, a, b) = (NodeId([3; 32]), NodeId([1; 32]), NodeId([2; 32]));
+    let hb = |src: NodeId| {
+        Input::Heartbeat(Heartbeat {
+            run_id: run,
+            src,
+            seq: 1,
+            speed: 1.0,
+            round: 0,
+            first_round: 0,
+            applied_total: 0,
+            leaving: false,
+            clock: None,
+        })
+    };
+    let started =
+        |e: &mut Engine| std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::StartLocalPhase(_)));
+    let engine = |known: Vec<NodeId>| {
+        let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; 8], 1.0, 3);
+        e.handle(Micros::ZERO, Input::PeersKnown(known));
+        e.handle(Micros::ZERO, Input::Start);
+        e
+    };
+    let mut e = engine(vec![a, b]);
+    e.handle(Micros(20_000), hb(a));
+    assert!(!started(&mut e), "b not heard yet");
+    e.handle(Micros(30_000), hb(b));
+    assert!(started(&mut e), "both heard: the first round starts");
+    let mut e = engine(vec![a, b]);
+    e.handle(Micros(20_000), hb(a));
+    e.handle_timeout(Micros(1_999_000));
+    assert!(!started(&mut e), "b silent: the whole wait");
+    e.handle_timeout(Micros(2_000_000));
+    assert!(started(&mut e));
+    let mut e = engine(Vec::new());
+    e.handle(Micros(20_000), hb(a));
+    e.handle(Micros(30_000), hb(b));
+    e.handle_timeout(Micros(1_999_000));
+    assert!(!started(&mut e), "none known: the whole wait, as before");
+}
