@@ -541,7 +541,8 @@ impl Engine {
         self.emit(Output::Record(RecordKind::Join { speed: self.membership.my_speed(), device: String::new() }));
         self.send_heartbeat(now, false);
         // Let heartbeats of peers arrive before the first round: tick mode
-        // sizes its period from their speeds, barrier mode waits for them.
+        // sizes its period from their speeds, barrier mode waits for those
+        // heard. Over once the peers the shell knows have been heard.
         if !matches!(self.cfg.schedule, Schedule::FreeRunning) {
             let until = now + Micros(self.cfg.membership.startup_ms as u64 * 1000);
             self.startup_until = Some(until);

@@ -285,7 +285,8 @@ impl<'a> Sim<'a> {
         }
         let ids: Vec<NodeId> = starting.iter().map(|&i| self.nodes[i].id).collect();
         for &i in &starting {
-            // What a real node's settle phase finds: the run's nodes up now.
+            // Every node up now: more than a real node's settle phase may
+            // find (the peers subscribed by its end, a few at least).
             self.handle(i, Input::PeersKnown(ids.clone()));
             self.handle(i, Input::Start);
         }

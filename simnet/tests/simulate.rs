@@ -136,11 +136,13 @@ fn a_healed_partition_settles_under_the_anti_entropy_bound() {
     // one-peer average moving the anchor at most a few rounds of its own
     // movement: 4.5e-3 apart at 100 s, 8.2e-4 at 110 s, one replica at
     // 130 s (`ragtag-simnet run --whole` on this scenario). The split is
-    // long enough that the halves must average: split for 20 s (this
-    // test's until 2026-12-07), they now put back every update they had
-    // missed into its tick (none dropped as too stale) and are one again
-    // 15 s after the heal, with no average; while the first rounds waited
-    // out the whole 2-s startup, 16 missed updates were too stale by then.
+    // longer than the staleness limit (tau_max 4 ticks of about 5 s here),
+    // so the halves must average. Split for 20 s (this test's until
+    // 2026-12-07), right at that limit, the tick phase decided the path:
+    // with the first rounds 2 s earlier (the startup wait ending once the
+    // peers are heard) every missed update was put back into its tick and
+    // the halves were one again 15 s after the heal, with no average;
+    // before, 16 were too stale and they averaged.
     s.duration_s = 130.0;
     s.target_loss = 0.0;
     for e in &mut s.events {
@@ -210,6 +212,9 @@ fn a_swarm_reaches_a_target_its_fastest_node_alone_misses() {
     alone.nodes.speeds = vec![fastest];
     // The control runs the whole budget; its best loss is what it could do.
     alone.target_loss = 0.0;
+    // It has nobody to wait for: no startup wait, as the swarm's nodes end
+    // theirs once they have heard each other (a few ms here).
+    alone.engine.startup_ms = Some(0);
     for seed in 0..3 {
         let o = RunOptions { seed, ..opts(Strategy::Gopals) };
         let a = run(&alone, &o).unwrap();

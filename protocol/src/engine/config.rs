@@ -291,8 +291,9 @@ pub struct MembershipConfig {
     pub peer_timeout_ms: u32,
     /// Most peers tracked (bounded table).
     pub max_peers: u32,
-    /// Wait after start before the first round, so peers' first heartbeats
-    /// arrive (barrier and tick modes).
+    /// Longest wait after start before the first round, so peers' first
+    /// heartbeats arrive (barrier and tick modes); it ends sooner once every
+    /// peer the shell knows takes part has been heard.
     #[serde(default = "default_startup_ms")]
     pub startup_ms: u32,
 }
