@@ -369,12 +369,16 @@ impl EventLoop {
                 let gs = &self.swarm.behaviour().gossipsub;
                 let scores = connected.iter().filter_map(|p| gs.peer_score(p).map(|s| (*p, s))).collect();
                 let mesh = gs.mesh_peers(&self.topic.hash()).count();
+                let topic = self.topic.hash();
+                let subscribed =
+                    gs.all_peers().filter(|(_, topics)| topics.contains(&&topic)).map(|(p, _)| *p).collect();
                 let connections = self.swarm.network_info().connection_counters().num_established() as usize;
                 let kinds = connected.iter().filter_map(|p| self.connections.kind(p).map(|k| (*p, k))).collect();
                 let now = std::time::Instant::now();
                 let bulk_waits = connected.iter().filter(|p| self.connections.bulk_waits(p, now)).copied().collect();
                 let listen = self.listen.clone();
-                let _ = reply.send(NetInfo { connected, connections, listen, scores, mesh, kinds, bulk_waits });
+                let _ =
+                    reply.send(NetInfo { connected, connections, listen, scores, mesh, subscribed, kinds, bulk_waits });
             }
             Command::Shutdown => {}
         }

@@ -215,8 +215,17 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
         ck.replica.verify(&s.manifest.engine, s.initial.len()).map_err(StartupError::CheckpointMismatch)?;
         return Ok((Engine::resume(s.manifest.engine, me, run_id, t0, ck, s.seed), Origin::Resumed));
     }
+    let mut sources = s.peers.clone();
     for attempt in 1..=STATE_ATTEMPTS {
-        match vouched_state(&s).await {
+        if attempt > 1 {
+            // Peers whose subscription came after settle ended train too:
+            // with only the first few asked, a poisoner among them and one
+            // honest peer could keep every attempt from agreeing.
+            if let Ok(info) = s.net.info().await {
+                sources = retry_sources(&s.peers, info.subscribed);
+            }
+        }
+        match vouched_state(&s, &sources).await {
             // Aggregated, a state a tick behind lacks sums whose hashes were
             // announced before we listened: asked again while attempts last.
             Ok(Some(state)) if attempt < STATE_ATTEMPTS && !state.current_at(&s.manifest.engine, super::now()) => {
@@ -243,13 +252,13 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
 /// The replica state to join with: fetched from several peers at once and
 /// taken only when another peer's state agrees with it (see
 /// [`trust::vouched_state`]); `None` when no peer served one.
-async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trust::StateRefusal> {
+async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option<ReplicaState>, trust::StateRefusal> {
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     // Heads first (small): holders whose shared parts have the same hash
     // hold the same bytes, so each shared part is taken once, in chunks
     // from all of its holders at once.
     let mut by_shared: BTreeMap<(Hash32, u64), Vec<(PeerId, StateHead)>> = BTreeMap::new();
-    for (peer, head) in state_heads(s).await {
+    for (peer, head) in state_heads(s, sources).await {
         by_shared.entry((head.shared_hash, head.shared_len)).or_default().push((peer, head));
     }
     let heads_served = !by_shared.is_empty();
@@ -310,13 +319,24 @@ async fn vouched_state(s: &EngineSetup<'_>) -> Result<Option<ReplicaState>, trus
     }
 }
 
-/// The state heads of up to [`MAX_STATE_SOURCES`] peers: all that come
+/// The peers to ask again: those that train now (subscribed to the run's
+/// topic, whether or not settle saw them), then the rest of the first
+/// list (holders the DHT named).
+fn retry_sources(settled: &[PeerId], mut training: Vec<PeerId>) -> Vec<PeerId> {
+    training.sort();
+    training.dedup();
+    let rest: Vec<PeerId> = settled.iter().filter(|p| !training.contains(p)).copied().collect();
+    training.extend(rest);
+    training
+}
+
+/// The state heads of up to [`MAX_STATE_SOURCES`] of `sources`: all that come
 /// within [`HEAD_TIMEOUT`], and no later than [`HEAD_GRACE`] after the
 /// first, so that peers that never answer cannot make the state that did
 /// come old.
-async fn state_heads(s: &EngineSetup<'_>) -> Vec<(PeerId, StateHead)> {
+async fn state_heads(s: &EngineSetup<'_>, sources: &[PeerId]) -> Vec<(PeerId, StateHead)> {
     let run_id = s.manifest.run_id();
-    let mut waiting: BTreeSet<PeerId> = s.peers.iter().take(MAX_STATE_SOURCES).copied().collect();
+    let mut waiting: BTreeSet<PeerId> = sources.iter().take(MAX_STATE_SOURCES).copied().collect();
     let mut asked: FuturesUnordered<_> =
         waiting.iter().map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) }).collect();
     let mut deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
@@ -409,6 +429,21 @@ fn assembled(s: &EngineSetup<'_>, peer: PeerId, head: StateHead, shared: &[u8]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_asks_the_peers_that_train_now_first() {
+        let [a, b, c, d] = [(); 4].map(|_| PeerId::random());
+        // Settle saw a (training) and the DHT named d; b and c subscribed
+        // after.
+        let again = retry_sources(&[a, d], vec![c, b, a, c]);
+        let mut training = [a, b, c];
+        training.sort();
+        assert_eq!(again[..3], training[..]);
+        assert_eq!(again[3], d);
+        assert_eq!(again.len(), 4);
+        // Nobody subscribed: the first list as it was.
+        assert_eq!(retry_sources(&[a, d], Vec::new()), vec![a, d]);
+    }
 
     #[test]
     fn a_second_node_gets_its_own_state_directory() {
