@@ -217,26 +217,52 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
     }
     let mut sources = s.peers.clone();
     for attempt in 1..=STATE_ATTEMPTS {
-        if attempt > 1 {
-            // Peers whose subscription came after settle ended train too:
-            // with only the first few asked, a poisoner among them and one
-            // honest peer could keep every attempt from agreeing.
-            if let Ok(info) = s.net.info().await {
-                sources = retry_sources(&s.peers, info.subscribed);
-            }
-        }
-        match vouched_state(&s, &sources).await {
+        let outcome = vouched_state(&s, &sources).await;
+        let last = attempt == STATE_ATTEMPTS;
+        // Peers whose subscription came after settle ended train too: with
+        // only the first few asked, a poisoner among them and one honest
+        // peer could keep every attempt from agreeing, or a lone poisoner
+        // be the only one asked.
+        let wider = match s.net.info().await {
+            Ok(info) if !last => retry_sources(&s.peers, info.subscribed),
+            _ => sources.clone(),
+        };
+        let asks_someone_new = asked(&wider) != asked(&sources);
+        match outcome {
             // Aggregated, a state a tick behind lacks sums whose hashes were
             // announced before we listened: asked again while attempts last.
-            Ok(Some(state)) if attempt < STATE_ATTEMPTS && !state.current_at(&s.manifest.engine, super::now()) => {
+            Ok(Some(v)) if !last && !v.state.current_at(&s.manifest.engine, super::now()) => {
                 tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: the state served is a tick behind");
                 tokio::time::sleep(STATE_RETRY_PAUSE / 4).await;
             }
-            Ok(Some(state)) => {
-                return Ok((Engine::join(s.manifest.engine, me, run_id, t0, state, s.speed, s.seed), Origin::Joined));
+            Ok(Some(v)) if v.checked_against == 0 && asks_someone_new => tracing::info!(
+                "attempt {attempt} of {STATE_ATTEMPTS} to sync: only {} served a state, and more peers train now: \
+                 asking them too",
+                v.peer
+            ),
+            Ok(Some(v)) => {
+                if v.checked_against == 0 {
+                    tracing::warn!(
+                        "joined with the state of {} (round {}), the only peer that served one: it could not be \
+                         checked against another",
+                        v.peer,
+                        v.state.round
+                    );
+                } else {
+                    tracing::info!(
+                        "joined with the state of {} (round {}), checked against {} other peers",
+                        v.peer,
+                        v.state.round,
+                        v.checked_against
+                    );
+                }
+                return Ok((Engine::join(s.manifest.engine, me, run_id, t0, v.state, s.speed, s.seed), Origin::Joined));
+            }
+            Ok(None) if asks_someone_new => {
+                tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: no state served; more peers train now");
             }
             Ok(None) => break,
-            Err(reason) if attempt == STATE_ATTEMPTS => {
+            Err(reason) if last => {
                 s.refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
                 tracing::warn!("no replica state could be trusted ({reason}): starting from the run's initial weights");
             }
@@ -245,14 +271,23 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
                 tokio::time::sleep(STATE_RETRY_PAUSE).await;
             }
         }
+        sources = wider;
     }
     Ok((Engine::new(s.manifest.engine, me, run_id, t0, s.initial, s.speed, s.seed), Origin::Fresh))
+}
+
+/// A replica state to join with, and how many other peers' states it was
+/// checked against (none: the only one served).
+struct Vouched {
+    peer: PeerId,
+    state: ReplicaState,
+    checked_against: usize,
 }
 
 /// The replica state to join with: fetched from several peers at once and
 /// taken only when another peer's state agrees with it (see
 /// [`trust::vouched_state`]); `None` when no peer served one.
-async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option<ReplicaState>, trust::StateRefusal> {
+async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option<Vouched>, trust::StateRefusal> {
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     // Heads first (small): holders whose shared parts have the same hash
     // hold the same bytes, so each shared part is taken once, in chunks
@@ -300,20 +335,7 @@ async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option
                 refuse(trust::StateRefusal::Unvouched.name());
                 tracing::warn!("the replica state from {other} disagrees with the one the others vouch for: not used");
             }
-            if served.is_empty() {
-                tracing::warn!(
-                    "joined with the state of {peer} (round {}), the only peer that served one: \
-                     it could not be checked against another",
-                    state.round
-                );
-            } else {
-                tracing::info!(
-                    "joined with the state of {peer} (round {}), checked against {} other peers",
-                    state.round,
-                    served.len()
-                );
-            }
-            Ok(Some(state))
+            Ok(Some(Vouched { peer, state, checked_against: served.len() }))
         }
         Err(reason) => Err(reason),
     }
@@ -330,18 +352,23 @@ fn retry_sources(settled: &[PeerId], mut training: Vec<PeerId>) -> Vec<PeerId> {
     training
 }
 
+/// The peers an attempt asks, of `sources`.
+fn asked(sources: &[PeerId]) -> BTreeSet<PeerId> {
+    sources.iter().take(MAX_STATE_SOURCES).copied().collect()
+}
+
 /// The state heads of up to [`MAX_STATE_SOURCES`] of `sources`: all that come
 /// within [`HEAD_TIMEOUT`], and no later than [`HEAD_GRACE`] after the
 /// first, so that peers that never answer cannot make the state that did
 /// come old.
 async fn state_heads(s: &EngineSetup<'_>, sources: &[PeerId]) -> Vec<(PeerId, StateHead)> {
     let run_id = s.manifest.run_id();
-    let mut waiting: BTreeSet<PeerId> = sources.iter().take(MAX_STATE_SOURCES).copied().collect();
-    let mut asked: FuturesUnordered<_> =
+    let mut waiting = asked(sources);
+    let mut pending: FuturesUnordered<_> =
         waiting.iter().map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) }).collect();
     let mut deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
     let mut heads = Vec::new();
-    while let Ok(Some((peer, result))) = tokio::time::timeout_at(deadline, asked.next()).await {
+    while let Ok(Some((peer, result))) = tokio::time::timeout_at(deadline, pending.next()).await {
         waiting.remove(&peer);
         match result {
             Ok(head) => {
