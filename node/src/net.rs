@@ -232,7 +232,8 @@ pub struct NetInfo {
     pub scores: Vec<(PeerId, f64)>,
     /// Peers in our gossip mesh.
     pub mesh: usize,
-    /// Connected peers subscribed to the run's topic: the ones that train.
+    /// Connected peers subscribed to the run's topic: nodes of the run,
+    /// training or still starting.
     pub subscribed: Vec<PeerId>,
     /// How each connected peer is reached: direct, relayed or quic.
     pub kinds: Vec<(PeerId, &'static str)>,

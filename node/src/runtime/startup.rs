@@ -215,32 +215,36 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
         ck.replica.verify(&s.manifest.engine, s.initial.len()).map_err(StartupError::CheckpointMismatch)?;
         return Ok((Engine::resume(s.manifest.engine, me, run_id, t0, ck, s.seed), Origin::Resumed));
     }
+    // Peers that subscribe after settle ended are nodes of the run too:
+    // with only the first few asked, a poisoner among them and one honest
+    // peer could keep every attempt from agreeing, or a lone poisoner be
+    // the only one asked. So each retry asks them as well.
     let mut sources = s.peers.clone();
+    let mut ever_asked = BTreeSet::new();
     for attempt in 1..=STATE_ATTEMPTS {
-        let outcome = vouched_state(&s, &sources).await;
+        ever_asked.extend(asked(&sources));
+        let Attempt { served, result } = vouched_state(&s, &sources).await;
         let last = attempt == STATE_ATTEMPTS;
-        // Peers whose subscription came after settle ended train too: with
-        // only the first few asked, a poisoner among them and one honest
-        // peer could keep every attempt from agreeing, or a lone poisoner
-        // be the only one asked.
-        let wider = match s.net.info().await {
-            Ok(info) if !last => retry_sources(&s.peers, info.subscribed),
-            _ => sources.clone(),
-        };
-        let asks_someone_new = asked(&wider) != asked(&sources);
-        match outcome {
+        match result {
             // Aggregated, a state a tick behind lacks sums whose hashes were
             // announced before we listened: asked again while attempts last.
             Ok(Some(v)) if !last && !v.state.current_at(&s.manifest.engine, super::now()) => {
                 tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: the state served is a tick behind");
                 tokio::time::sleep(STATE_RETRY_PAUSE / 4).await;
             }
-            Ok(Some(v)) if v.checked_against == 0 && asks_someone_new => tracing::info!(
-                "attempt {attempt} of {STATE_ATTEMPTS} to sync: only {} served a state, and more peers train now: \
-                 asking them too",
-                v.peer
-            ),
             Ok(Some(v)) => {
+                if v.checked_against == 0 && !last {
+                    let next = next_sources(&served, subscribed_now(s.net).await, &s.peers, &ever_asked);
+                    if asks_someone_new(&next, &ever_asked) {
+                        tracing::info!(
+                            "attempt {attempt} of {STATE_ATTEMPTS} to sync: only {} served a state, and peers not \
+                             asked yet have joined the run's topic: asking them too",
+                            v.peer
+                        );
+                        sources = next;
+                        continue;
+                    }
+                }
                 if v.checked_against == 0 {
                     tracing::warn!(
                         "joined with the state of {} (round {}), the only peer that served one: it could not be \
@@ -258,9 +262,6 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
                 }
                 return Ok((Engine::join(s.manifest.engine, me, run_id, t0, v.state, s.speed, s.seed), Origin::Joined));
             }
-            Ok(None) if asks_someone_new => {
-                tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: no state served; more peers train now");
-            }
             Ok(None) => break,
             Err(reason) if last => {
                 s.refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
@@ -271,7 +272,8 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
                 tokio::time::sleep(STATE_RETRY_PAUSE).await;
             }
         }
-        sources = wider;
+        // Taken after the pause: peers that subscribed during it count.
+        sources = next_sources(&served, subscribed_now(s.net).await, &s.peers, &ever_asked);
     }
     Ok((Engine::new(s.manifest.engine, me, run_id, t0, s.initial, s.speed, s.seed), Origin::Fresh))
 }
@@ -284,10 +286,17 @@ struct Vouched {
     checked_against: usize,
 }
 
+/// What one attempt to sync found.
+struct Attempt {
+    /// The peers whose state arrived whole and valid, agreeing or not.
+    served: Vec<PeerId>,
+    result: Result<Option<Vouched>, trust::StateRefusal>,
+}
+
 /// The replica state to join with: fetched from several peers at once and
 /// taken only when another peer's state agrees with it (see
 /// [`trust::vouched_state`]); `None` when no peer served one.
-async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option<Vouched>, trust::StateRefusal> {
+async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Attempt {
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     // Heads first (small): holders whose shared parts have the same hash
     // hold the same bytes, so each shared part is taken once, in chunks
@@ -315,10 +324,10 @@ async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option
     if served.is_empty() && heads_served {
         // Peers offered a state, but none could be put together: ask again.
         tracing::info!("peers offered replica states, but none arrived whole");
-        return Err(trust::StateRefusal::Unvouched);
+        return Attempt { served: Vec::new(), result: Err(trust::StateRefusal::Unvouched) };
     }
     if served.is_empty() {
-        return Ok(None);
+        return Attempt { served: Vec::new(), result: Ok(None) };
     }
     for (i, (a, sa)) in served.iter().enumerate() {
         for (b, sb) in &served[i + 1..] {
@@ -327,8 +336,9 @@ async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option
             }
         }
     }
+    let peers: Vec<PeerId> = served.iter().map(|(p, _)| *p).collect();
     let states: Vec<&ReplicaState> = served.iter().map(|(_, st)| st).collect();
-    match trust::vouched_state(&states) {
+    let result = match trust::vouched_state(&states) {
         Ok(i) => {
             let (peer, state) = served.swap_remove(i);
             for (other, _) in served.iter().filter(|(_, st)| !trust::states_agree(&state, st)) {
@@ -338,18 +348,41 @@ async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Result<Option
             Ok(Some(Vouched { peer, state, checked_against: served.len() }))
         }
         Err(reason) => Err(reason),
-    }
+    };
+    Attempt { served: peers, result }
 }
 
-/// The peers to ask again: those that train now (subscribed to the run's
-/// topic, whether or not settle saw them), then the rest of the first
-/// list (holders the DHT named).
-fn retry_sources(settled: &[PeerId], mut training: Vec<PeerId>) -> Vec<PeerId> {
-    training.sort();
-    training.dedup();
-    let rest: Vec<PeerId> = settled.iter().filter(|p| !training.contains(p)).copied().collect();
-    training.extend(rest);
-    training
+/// The connected peers subscribed to the run's topic now (none if the
+/// network cannot say).
+async fn subscribed_now(net: &Client) -> Vec<PeerId> {
+    net.info().await.map(|info| info.subscribed).unwrap_or_default()
+}
+
+/// The peers to ask again: those that served a state last time (an honest
+/// one keeps its place however many others subscribed), then peers never
+/// asked (subscribed to the run's topic since, or named by the DHT), then
+/// those asked before that served nothing.
+fn next_sources(
+    served: &[PeerId],
+    mut subscribed: Vec<PeerId>,
+    settled: &[PeerId],
+    ever_asked: &BTreeSet<PeerId>,
+) -> Vec<PeerId> {
+    subscribed.sort();
+    let never_asked = subscribed.iter().chain(settled).filter(|p| !ever_asked.contains(p));
+    let asked_before = settled.iter().chain(&subscribed).filter(|p| ever_asked.contains(p));
+    let mut next = served.to_vec();
+    for p in never_asked.chain(asked_before) {
+        if !next.contains(p) {
+            next.push(*p);
+        }
+    }
+    next
+}
+
+/// Whether an attempt with `sources` asks a peer no attempt asked yet.
+fn asks_someone_new(sources: &[PeerId], ever_asked: &BTreeSet<PeerId>) -> bool {
+    asked(sources).iter().any(|p| !ever_asked.contains(p))
 }
 
 /// The peers an attempt asks, of `sources`.
@@ -458,18 +491,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_retry_asks_the_peers_that_train_now_first() {
-        let [a, b, c, d] = [(); 4].map(|_| PeerId::random());
-        // Settle saw a (training) and the DHT named d; b and c subscribed
-        // after.
-        let again = retry_sources(&[a, d], vec![c, b, a, c]);
-        let mut training = [a, b, c];
-        training.sort();
-        assert_eq!(again[..3], training[..]);
-        assert_eq!(again[3], d);
-        assert_eq!(again.len(), 4);
-        // Nobody subscribed: the first list as it was.
-        assert_eq!(retry_sources(&[a, d], Vec::new()), vec![a, d]);
+    fn a_retry_keeps_the_peers_that_served_and_adds_those_never_asked() {
+        let peer = |_| PeerId::random();
+        let (honest, late) = (peer(0), peer(1));
+        let mut others: Vec<PeerId> = (0..5).map(peer).collect();
+        others.sort();
+        // Settle saw one honest holder; five peers subscribed since (their
+        // ids may all sort below its): it keeps its place and four new
+        // peers fill the rest.
+        let mut ever: BTreeSet<PeerId> = asked(&[honest]);
+        let subscribed: Vec<PeerId> = others.iter().rev().chain([&honest]).copied().collect();
+        let next = next_sources(&[honest], subscribed.clone(), &[honest], &ever);
+        assert_eq!(next[0], honest);
+        assert_eq!(next[1..4], others[..3]);
+        assert!(asks_someone_new(&next, &ever));
+        // Asked, they served nothing: the one left is next, then nobody new.
+        ever.extend(asked(&next));
+        let next = next_sources(&[honest], subscribed.clone(), &[honest], &ever);
+        assert_eq!(next[..2], [honest, others[3]]);
+        assert!(asks_someone_new(&next, &ever));
+        ever.extend(asked(&next));
+        assert!(!asks_someone_new(&next_sources(&[honest], subscribed, &[honest], &ever), &ever));
+        // Two that disagreed (a poisoner and an honest peer): both again,
+        // with the peer that subscribed after settle ended.
+        let poisoner = peer(2);
+        let ever = asked(&[poisoner, honest]);
+        let next = next_sources(&[poisoner, honest], vec![late, honest, poisoner], &[poisoner, honest], &ever);
+        assert_eq!(next, vec![poisoner, honest, late]);
+        assert!(asks_someone_new(&next, &ever));
+        // The network says nothing: those that served, then the rest.
+        let next = next_sources(&[honest], Vec::new(), &[poisoner, honest], &asked(&[poisoner, honest]));
+        assert_eq!(next, vec![honest, poisoner]);
     }
 
     #[test]
