@@ -26,8 +26,9 @@ pub(crate) struct Settled {
     pub listen: Vec<Multiaddr>,
     /// The peers connected by the end of the wait.
     pub connected: BTreeSet<PeerId>,
-    /// The peers subscribed to the run's topic by then: they train, and
-    /// the engine's startup wait ends once each has been heard.
+    /// The peers subscribed to the run's topic by then (nodes of the run,
+    /// training or still starting): the engine's startup wait ends once
+    /// each has been heard.
     pub training: BTreeSet<PeerId>,
     /// The peers to take the replica state from: those that train, then
     /// the run's other holders; anyone connected only when neither is known

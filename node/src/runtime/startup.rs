@@ -293,9 +293,10 @@ struct Attempt {
     result: Result<Option<Vouched>, trust::StateRefusal>,
 }
 
-/// The replica state to join with: fetched from several peers at once and
-/// taken only when another peer's state agrees with it (see
-/// [`trust::vouched_state`]); `None` when no peer served one.
+/// One attempt at the replica state to join with: fetched from `sources`
+/// (up to [`MAX_STATE_SOURCES`]) at once and taken only when another
+/// peer's state agrees with it (see [`trust::vouched_state`]), or when it
+/// is the only one served; `Ok(None)` when no peer served one.
 async fn vouched_state(s: &EngineSetup<'_>, sources: &[PeerId]) -> Attempt {
     let refuse = |reason: &str| s.refused.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     // Heads first (small): holders whose shared parts have the same hash
