@@ -132,3 +132,57 @@ async fn a_payload_with_an_inconsistent_chunk_is_refused() {
     let err = fetch(&bytes, lie).await.expect_err("an inconsistent chunk");
     assert!(matches!(err, ragtag_node::runtime::FetchError::Chunks(_)), "{err}");
 }
+
+async fn listening(events: &mut tokio::sync::mpsc::Receiver<net::Event>) -> libp2p::Multiaddr {
+    loop {
+        match tokio::time::timeout(T, events.recv()).await.expect("listens").expect("network") {
+            net::Event::Listening(addr) => break addr,
+            _ => continue,
+        }
+    }
+}
+
+async fn connected_to(events: &mut tokio::sync::mpsc::Receiver<net::Event>, peer: libp2p::PeerId) {
+    loop {
+        match tokio::time::timeout(T, events.recv()).await.expect("connects").expect("network") {
+            net::Event::Connected(p) if p == peer => break,
+            _ => continue,
+        }
+    }
+}
+
+fn drain(mut events: tokio::sync::mpsc::Receiver<net::Event>) {
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+}
+
+/// A holder announces itself to each new peer, so a node that connects to
+/// it keeps its record; kad's first answer to a lookup comes from that
+/// store without asking anyone. Taken as the list, it named one holder
+/// of a run two held (and start-up then waited for one peer only).
+#[tokio::test]
+async fn a_provider_lookup_names_every_holder_not_only_those_in_our_store() {
+    let key = net::run_key(&ragtag_protocol::ids::RunId(ragtag_protocol::ids::Hash32([7; 32])));
+    let (a, mut a_events) = spawn(Vec::new());
+    let a_addr = listening(&mut a_events).await;
+    a.provide(key.clone()).await.unwrap();
+    let a_id = net::peer_of(&a_addr).unwrap();
+    drain(a_events);
+    let (b, mut b_events) = spawn(vec![a_addr]);
+    let b_addr = listening(&mut b_events).await;
+    let b_id = net::peer_of(&b_addr).unwrap();
+    connected_to(&mut b_events, a_id).await;
+    b.provide(key.clone()).await.unwrap();
+    drain(b_events);
+    // Past b's 5-s gap between announcements, so that it announces itself
+    // to c when c connects.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (c, mut c_events) = spawn(vec![b_addr]);
+    connected_to(&mut c_events, b_id).await;
+    drain(c_events);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut found = c.find_providers(key).await.unwrap();
+    found.sort();
+    let mut both = vec![a_id, b_id];
+    both.sort();
+    assert_eq!(found, both);
+}

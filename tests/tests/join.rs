@@ -64,3 +64,39 @@ fn a_node_joins_by_run_id_through_a_bootstrap_that_does_not_train() {
         .count();
     assert!(accepted_from_c >= 1, "a accepted none of c's updates");
 }
+
+/// A provider record outlives its node (its TTL is ten minutes), so a
+/// joiner is named holders that have left. It must not wait for them:
+/// a dial that fails takes a holder off what start-up waits for. And the
+/// lookup names every holder: a node that bootstraps one holder was told
+/// of another alone when kad's first answer, from its own store (a record
+/// the other holder sent it on connecting), was taken as the list.
+#[test]
+fn a_joiner_names_every_holder_and_does_not_wait_for_those_that_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&dir.path().join("a"), &["--max-rounds", "60"]);
+    let addr = a.listen_addr(T);
+    let _b = node(&dir.path().join("b"), &["--bootstrap", &addr, "--max-rounds", "60"]);
+    for _ in 0..3 {
+        a.wait_json("round", T).unwrap_or_else(|| panic!("a does not train:\n{}", a.stderr()));
+    }
+    // A node announces itself again to a new peer at most every 5 s: past
+    // that, b sends c its record as c connects, which is how kad's first
+    // answer came from c's own store.
+    std::thread::sleep(Duration::from_secs(6));
+    let mut c = node(&dir.path().join("c"), &["--bootstrap", &addr, "--max-rounds", "2"]);
+    let c_id = c.listen_addr(T).rsplit("/p2p/").next().unwrap().to_string();
+    let ec = c.wait_json("exit", T).unwrap_or_else(|| panic!("c did not finish:\n{}", c.stderr()));
+    assert_eq!(ec["outcome"]["origin"], "joined", "c started fresh:\n{}", c.stderr());
+    assert!(c.stderr().contains("the DHT names 2 holder(s) of this run"), "{}", c.stderr());
+
+    // c has left; its record at a has not.
+    c.wait_exit(T).unwrap_or_else(|| panic!("c did not exit:\n{}", c.stderr()));
+    let d = node(&dir.path().join("d"), &["--bootstrap", &addr, "--max-rounds", "2"]);
+    let ed = d.wait_json("exit", T).unwrap_or_else(|| panic!("d did not finish:\n{}", d.stderr()));
+    assert_eq!(ed["outcome"]["origin"], "joined", "d started fresh:\n{}", d.stderr());
+    let err = d.stderr();
+    assert!(err.contains("the DHT names 3 holder(s) of this run"), "{err}");
+    assert!(err.contains(&format!("cannot reach {c_id}")), "d never dialed c, which left:\n{err}");
+    assert!(!err.contains("stopped waiting for the run's peers at its deadline"), "d waited for c:\n{err}");
+}

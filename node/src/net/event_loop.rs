@@ -216,8 +216,12 @@ impl EventLoop {
     /// A provider lookup found `found`: dial them (kad knows their
     /// addresses while the query runs) and answer with the first peer's
     /// list (every peer that keeps the record keeps all of its providers),
-    /// or with none once the lookup is over.
-    fn on_providers(&mut self, id: kad::QueryId, found: Vec<PeerId>, last: bool) {
+    /// or with none once the lookup is over. `asked` is false for kad's
+    /// first step from our own store, which holds only the records peers
+    /// sent us: a node a holder announced itself to was told of that one
+    /// holder and, answered from it, named one holder of a run that
+    /// several held; that list is kept and the first peer's added to it.
+    fn on_providers(&mut self, id: kad::QueryId, found: Vec<PeerId>, asked: bool, last: bool) {
         let me = *self.swarm.local_peer_id();
         let allowed = |p: &PeerId| self.cfg.allow.is_empty() || self.cfg.allow.contains(p);
         let found: Vec<PeerId> = found.into_iter().filter(|p| *p != me && allowed(p)).collect();
@@ -229,7 +233,7 @@ impl EventLoop {
                 dial.push(p);
             }
         }
-        let answer = last || !so_far.is_empty();
+        let answer = last || (asked && !so_far.is_empty());
         for p in dial {
             if !self.swarm.is_connected(&p)
                 && !self.lan_dials.is_held(&p)
@@ -253,11 +257,12 @@ impl EventLoop {
 
     fn on_kad(&mut self, e: kad::Event) {
         match e {
-            kad::Event::OutboundQueryProgressed { id, result, step, .. } => match result {
+            kad::Event::OutboundQueryProgressed { id, result, step, stats } => match result {
                 kad::QueryResult::GetProviders(Ok(kad::GetProvidersOk::FoundProviders { providers, .. })) => {
-                    self.on_providers(id, providers.into_iter().collect(), step.last);
+                    let asked = stats.num_requests() > 0;
+                    self.on_providers(id, providers.into_iter().collect(), asked, step.last);
                 }
-                kad::QueryResult::GetProviders(_) => self.on_providers(id, Vec::new(), true),
+                kad::QueryResult::GetProviders(_) => self.on_providers(id, Vec::new(), true, true),
                 kad::QueryResult::StartProviding(r) => {
                     if let Some(p) = self.providing.as_mut() {
                         p.in_flight = false;

@@ -41,10 +41,13 @@ pub(crate) struct Settled {
 
 /// Start-up has found enough of the run: training peers, as many as the
 /// state is taken from, or every holder the DHT named once its lookup is
-/// over (none: we are the run's first node).
-fn settled(training: &BTreeSet<PeerId>, holders: Option<&[PeerId]>) -> bool {
+/// over (none: we are the run's first node), less those a dial could not
+/// reach. A provider record outlives its node by up to its TTL, so a
+/// joiner is often named holders that have left; waiting for them held
+/// every such join up for the whole settle time.
+fn settled(training: &BTreeSet<PeerId>, holders: Option<&[PeerId]>, unreachable: &BTreeSet<PeerId>) -> bool {
     let enough = match holders {
-        Some(h) => h.len().min(startup::MAX_STATE_SOURCES),
+        Some(h) => h.iter().filter(|p| !unreachable.contains(p)).count().min(startup::MAX_STATE_SOURCES),
         None => startup::MAX_STATE_SOURCES,
     };
     training.len() >= enough
@@ -68,6 +71,7 @@ pub(crate) async fn settle(
     let (holders_tx, mut holders_rx) = mpsc::channel(1);
     let mut holders: Option<Vec<PeerId>> = None;
     let mut lookup_started = false;
+    let mut unreachable = BTreeSet::new();
     loop {
         if !lookup_started && !want.is_empty() && want.is_subset(&connected) {
             lookup_started = true;
@@ -76,27 +80,46 @@ pub(crate) async fn settle(
                 let _ = tx.send(crate::run_lookup::holders(&client, run_id).await).await;
             });
         }
-        if want.is_subset(&connected) && settled(&training, holders.as_deref()) {
+        if want.is_subset(&connected) && settled(&training, holders.as_deref(), &unreachable) {
             break;
         }
         tokio::select! {
-            _ = &mut deadline => break,
+            _ = &mut deadline => {
+                if !want.is_empty() {
+                    tracing::info!(
+                        "start-up stopped waiting for the run's peers at its deadline: {} of {} bootstrap peer(s) connected, {} node(s) of the run heard, {} holder(s) named",
+                        want.intersection(&connected).count(),
+                        want.len(),
+                        training.len(),
+                        holders.as_ref().map_or(0, Vec::len),
+                    );
+                }
+                break;
+            }
             Some(found) = holders_rx.recv() => {
                 tracing::info!("the DHT names {} holder(s) of this run", found.len());
                 holders = Some(found);
             }
             Some(ev) = events.recv() => match ev {
                 net::Event::Listening(a) => listen.push(a),
-                net::Event::Connected(p) => { connected.insert(p); }
+                net::Event::Connected(p) => { unreachable.remove(&p); connected.insert(p); }
                 net::Event::Subscribed(p) => { training.insert(p); }
-                net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
+                net::Event::DialFailed { peer, error } => {
+                    match peer {
+                        // A holder named by the DHT may have left the run.
+                        Some(p) if !want.contains(&p) => tracing::info!("cannot reach {p}: {error}"),
+                        _ => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
+                    }
+                    // A later connection (it dialed us) makes it reachable.
+                    unreachable.extend(peer.filter(|p| !connected.contains(p)));
+                }
                 other => inbox.take(net, other).await,
             }
         }
     }
     let mut state_sources: Vec<PeerId> = training.iter().copied().collect();
     for p in holders.iter().flatten() {
-        if !state_sources.contains(p) {
+        if !state_sources.contains(p) && !unreachable.contains(p) {
             state_sources.push(*p);
         }
     }
@@ -105,4 +128,31 @@ pub(crate) async fn settle(
     }
     let no_bootstrap_reached = !want.is_empty() && connected.is_empty();
     Settled { listen, connected, training, state_sources, no_bootstrap_reached }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(n: usize) -> Vec<PeerId> {
+        (0..n).map(|_| PeerId::random()).collect()
+    }
+
+    #[test]
+    fn holders_a_dial_could_not_reach_are_not_waited_for() {
+        let p = peers(4);
+        let training: BTreeSet<PeerId> = p[..2].iter().copied().collect();
+        let none = BTreeSet::new();
+        // The DHT named four holders, two of them gone: two training peers
+        // are not enough until the dials to the other two fail.
+        assert!(!settled(&training, Some(&p), &none));
+        let gone: BTreeSet<PeerId> = p[2..3].iter().copied().collect();
+        assert!(!settled(&training, Some(&p), &gone));
+        let gone: BTreeSet<PeerId> = p[2..].iter().copied().collect();
+        assert!(settled(&training, Some(&p), &gone));
+        // Before the lookup answers, a full set of sources is wanted.
+        assert!(!settled(&training, None, &gone));
+        let all: BTreeSet<PeerId> = peers(startup::MAX_STATE_SOURCES).into_iter().collect();
+        assert!(settled(&all, None, &none));
+    }
 }
