@@ -343,6 +343,8 @@ impl Engine {
             Input::AnnouncementGone(id) => self.on_announcement_gone(id),
             Input::Heartbeat(hb) => self.on_heartbeat(now, hb),
             Input::PeerDown(peer) => {
+                // Never heard, so not a member, yet not to be waited for.
+                self.startup_expects.remove(&peer);
                 if self.membership.remove(&peer) {
                     self.forget_peer(peer);
                 }
@@ -620,6 +622,8 @@ impl Engine {
     }
 
     fn forget_peer(&mut self, peer: NodeId) {
+        // A known peer that left is not waited for at start-up.
+        self.startup_expects.remove(&peer);
         if let Some(t) = self.last_tick_of.remove(&peer) {
             self.count_last_tick(t, -1);
         }

@@ -541,19 +541,18 @@ fn the_startup_wait_ends_once_the_known_peers_are_heard() {
     let cfg = EngineConfig::preset(Strategy::Gopals);
     let run = crate::ids::RunId(Hash32([7; 32]));
     let (me, a, b) = (NodeId([3; 32]), NodeId([1; 32]), NodeId([2; 32]));
-    let hb = |src: NodeId| {
-        Input::Heartbeat(Heartbeat {
-            run_id: run,
-            src,
-            seq: 1,
-            speed: 1.0,
-            round: 0,
-            first_round: 0,
-            applied_total: 0,
-            leaving: false,
-            clock: None,
-        })
+    let heartbeat = |src: NodeId| Heartbeat {
+        run_id: run,
+        src,
+        seq: 1,
+        speed: 1.0,
+        round: 0,
+        first_round: 0,
+        applied_total: 0,
+        leaving: false,
+        clock: None,
     };
+    let hb = |src: NodeId| Input::Heartbeat(heartbeat(src));
     let started =
         |e: &mut Engine| std::iter::from_fn(|| e.poll_output()).any(|o| matches!(o, Output::StartLocalPhase(_)));
     let engine = |known: Vec<NodeId>| {
@@ -578,4 +577,38 @@ fn the_startup_wait_ends_once_the_known_peers_are_heard() {
     e.handle(Micros(30_000), hb(b));
     e.handle_timeout(Micros(1_999_000));
     assert!(!started(&mut e), "none known: the whole wait, as before");
+
+    // A known peer that leaves is not waited for; if every known peer
+    // left, the whole wait runs.
+    let mut e = engine(vec![a, b]);
+    e.handle(Micros(20_000), hb(a));
+    e.handle(Micros(30_000), Input::PeerDown(b));
+    assert!(started(&mut e), "b left: a heard is enough");
+    let mut e = engine(vec![a, b]);
+    e.handle(Micros(20_000), Input::Heartbeat(Heartbeat { leaving: true, ..heartbeat(a) }));
+    e.handle(Micros(30_000), Input::PeerDown(b));
+    e.handle_timeout(Micros(1_999_000));
+    assert!(!started(&mut e), "both left: the whole wait");
+
+    // The shell may tell the engine after its start; peers heard before
+    // count.
+    let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; 8], 1.0, 3);
+    e.handle(Micros::ZERO, Input::Start);
+    e.handle(Micros(20_000), hb(a));
+    e.handle(Micros(30_000), hb(b));
+    assert!(!started(&mut e), "nothing known yet");
+    e.handle(Micros(40_000), Input::PeersKnown(vec![a, b, me]));
+    assert!(started(&mut e), "told of a and b (and itself), both heard");
+
+    // Barrier mode waits the same way.
+    for strategy in [Strategy::Ddp, Strategy::Diloco] {
+        let cfg = EngineConfig::preset(strategy);
+        let mut e = Engine::new(cfg, me, run, Micros::ZERO, vec![0.0; 8], 1.0, 3);
+        e.handle(Micros::ZERO, Input::PeersKnown(vec![a, b]));
+        e.handle(Micros::ZERO, Input::Start);
+        e.handle(Micros(20_000), hb(a));
+        assert!(!started(&mut e), "{strategy:?}: b not heard yet");
+        e.handle(Micros(30_000), hb(b));
+        assert!(started(&mut e), "{strategy:?}: both heard");
+    }
 }
