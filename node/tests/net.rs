@@ -174,11 +174,15 @@ async fn a_provider_lookup_names_every_holder_not_only_those_in_our_store() {
     b.provide(key.clone()).await.unwrap();
     drain(b_events);
     // Past b's 5-s gap between announcements, so that it announces itself
-    // to c when c connects.
+    // to c when c enters its routing table; a's record reached b when b
+    // entered a's.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let (c, mut c_events) = spawn(vec![b_addr]);
     connected_to(&mut c_events, b_id).await;
     drain(c_events);
+    // Time for b's record to reach c's store, so that kad's first answer
+    // comes from there (the case this test is about; with or without it,
+    // both holders must be named).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut found = c.find_providers(key).await.unwrap();
     found.sort();

@@ -585,6 +585,8 @@ impl Engine {
             return;
         }
         if hb.leaving {
+            // Known but never heard (so not a member): not waited for either.
+            self.startup_expects.remove(&hb.src);
             if self.membership.remove(&hb.src) {
                 self.forget_peer(hb.src);
             }

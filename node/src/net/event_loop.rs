@@ -40,6 +40,9 @@ pub(crate) const PROVIDER_TTL: Duration = Duration::from_secs(600);
 
 /// Least time between two announcements prompted by new peers.
 const REANNOUNCE_MIN_GAP: Duration = Duration::from_secs(5);
+/// How long a provider lookup that holds only our own store's records
+/// waits for a peer's answer (below `run_lookup::HOLDERS_TIMEOUT`).
+const PROVIDERS_STALL: Duration = Duration::from_secs(6);
 /// How long after a new relay reservation we look up peers again. Peers
 /// behind NATs are dialed through their circuits, which the DHT knows only
 /// once their reservations are made; theirs are made when ours is (AutoNAT
@@ -55,6 +58,13 @@ struct Providing {
     published: Option<Instant>,
     attempted: Option<Instant>,
     in_flight: bool,
+}
+
+/// A provider lookup under way.
+struct ProviderQuery {
+    reply: oneshot::Sender<Vec<PeerId>>,
+    found: Vec<PeerId>,
+    started: Instant,
 }
 
 /// Starts the network task.
@@ -140,7 +150,7 @@ struct EventLoop {
     lan_dials: LanDials,
     providing: Option<Providing>,
     /// Provider lookups: who waits for them and what they found so far.
-    provider_queries: HashMap<kad::QueryId, (oneshot::Sender<Vec<PeerId>>, Vec<PeerId>)>,
+    provider_queries: HashMap<kad::QueryId, ProviderQuery>,
     /// A relay reservation was just made: look up peers again soon.
     lookup_soon: bool,
 }
@@ -176,6 +186,17 @@ impl EventLoop {
     /// us meanwhile.
     fn housekeeping(&mut self) {
         let now = Instant::now();
+        // Holders our own store named, while no peer has answered: the
+        // caller's wait ends sooner than kad's query timeout.
+        let stalled: Vec<kad::QueryId> = self
+            .provider_queries
+            .iter()
+            .filter(|(_, q)| !q.found.is_empty() && now.duration_since(q.started) >= PROVIDERS_STALL)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stalled {
+            self.answer_providers(id, false);
+        }
         for peer in self.lan_dials.due(now) {
             self.dial_lan_peer(peer);
         }
@@ -226,7 +247,7 @@ impl EventLoop {
         let allowed = |p: &PeerId| self.cfg.allow.is_empty() || self.cfg.allow.contains(p);
         let found: Vec<PeerId> = found.into_iter().filter(|p| *p != me && allowed(p)).collect();
         let mut dial = Vec::new();
-        let Some((_, so_far)) = self.provider_queries.get_mut(&id) else { return };
+        let Some(ProviderQuery { found: so_far, .. }) = self.provider_queries.get_mut(&id) else { return };
         for p in found {
             if !so_far.contains(&p) && so_far.len() < super::MAX_PROVIDERS {
                 so_far.push(p);
@@ -242,16 +263,26 @@ impl EventLoop {
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(p)
                     .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
                     .build();
-                let _ = self.swarm.dial(opts);
+                // An error here (no address known, say) comes with no
+                // connection event: start-up must still hear of it.
+                match self.swarm.dial(opts) {
+                    Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {}
+                    Err(e) => self.emit(Event::DialFailed { peer: Some(p), error: e.to_string() }),
+                }
             }
         }
         if answer {
-            if !last && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
-                q.finish();
-            }
-            if let Some((reply, so_far)) = self.provider_queries.remove(&id) {
-                let _ = reply.send(so_far);
-            }
+            self.answer_providers(id, last);
+        }
+    }
+
+    /// Ends a provider lookup and replies with the holders it found.
+    fn answer_providers(&mut self, id: kad::QueryId, over: bool) {
+        if !over && let Some(mut q) = self.swarm.behaviour_mut().kad.query_mut(&id) {
+            q.finish();
+        }
+        if let Some(q) = self.provider_queries.remove(&id) {
+            let _ = q.reply.send(q.found);
         }
     }
 
@@ -274,16 +305,23 @@ impl EventLoop {
                 }
                 _ => {}
             },
-            kad::Event::RoutingUpdated { peer, addresses, .. }
+            kad::Event::RoutingUpdated { peer, addresses, is_new_peer, .. } => {
+                // Announced here, not when the connection comes up: kad
+                // adds a peer to its table only once it has confirmed the
+                // protocol, so an announcement then missed the newcomer.
+                if is_new_peer {
+                    self.announce(true);
+                }
                 if !self.swarm.is_connected(&peer)
                     && !self.lan_dials.is_held(&peer)
                     && self.swarm.connected_peers().count() < MAX_DIALED_PEERS
-                    && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer)) =>
-            {
-                let addrs: Vec<Multiaddr> = addresses.iter().filter(|a| self.may_dial(a)).cloned().collect();
-                if !addrs.is_empty() {
-                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
-                    let _ = self.swarm.dial(opts);
+                    && (self.cfg.allow.is_empty() || self.cfg.allow.contains(&peer))
+                {
+                    let addrs: Vec<Multiaddr> = addresses.iter().filter(|a| self.may_dial(a)).cloned().collect();
+                    if !addrs.is_empty() {
+                        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer).addresses(addrs).build();
+                        let _ = self.swarm.dial(opts);
+                    }
                 }
             }
             _ => {}
@@ -367,7 +405,7 @@ impl EventLoop {
                     return;
                 }
                 let id = self.swarm.behaviour_mut().kad.get_providers(key);
-                self.provider_queries.insert(id, (reply, Vec::new()));
+                self.provider_queries.insert(id, ProviderQuery { reply, found: Vec::new(), started: Instant::now() });
             }
             Command::Info(reply) => {
                 let connected: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
@@ -434,7 +472,6 @@ impl EventLoop {
                     // Ask the newcomer (and everyone) for peers right away,
                     // rather than at the next periodic bootstrap.
                     let _ = self.swarm.behaviour_mut().kad.bootstrap();
-                    self.announce(true);
                     self.emit(Event::Connected(peer_id));
                 }
             }

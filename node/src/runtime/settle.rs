@@ -44,10 +44,14 @@ pub(crate) struct Settled {
 /// over (none: we are the run's first node), less those a dial could not
 /// reach. A provider record outlives its node by up to its TTL, so a
 /// joiner is often named holders that have left; waiting for them held
-/// every such join up for the whole settle time.
+/// every such join up for the whole settle time. Where holders were named,
+/// one at least is waited for: a live holder a direct dial cannot reach
+/// (behind NAT) may still connect through a relay, and a joiner that
+/// settled with none would start from the initial weights.
 fn settled(training: &BTreeSet<PeerId>, holders: Option<&[PeerId]>, unreachable: &BTreeSet<PeerId>) -> bool {
     let enough = match holders {
-        Some(h) => h.iter().filter(|p| !unreachable.contains(p)).count().min(startup::MAX_STATE_SOURCES),
+        Some([]) => 0,
+        Some(h) => h.iter().filter(|p| !unreachable.contains(p)).count().clamp(1, startup::MAX_STATE_SOURCES),
         None => startup::MAX_STATE_SOURCES,
     };
     training.len() >= enough
@@ -111,7 +115,11 @@ pub(crate) async fn settle(
                         _ => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
                     }
                     // A later connection (it dialed us) makes it reachable.
-                    unreachable.extend(peer.filter(|p| !connected.contains(p)));
+                    if let Some(p) = peer.filter(|p| !connected.contains(p) && !want.contains(p))
+                        && unreachable.insert(p)
+                    {
+                        tracing::info!("not waiting for {p}: it cannot be reached (a holder that left the run?)");
+                    }
                 }
                 other => inbox.take(net, other).await,
             }
@@ -150,6 +158,13 @@ mod tests {
         assert!(!settled(&training, Some(&p), &gone));
         let gone: BTreeSet<PeerId> = p[2..].iter().copied().collect();
         assert!(settled(&training, Some(&p), &gone));
+        // Every holder named is gone: one is waited for still (it may come
+        // through a relay), or the deadline.
+        let gone: BTreeSet<PeerId> = p.iter().copied().collect();
+        assert!(!settled(&BTreeSet::new(), Some(&p), &gone));
+        assert!(settled(&training, Some(&p), &gone));
+        // The DHT named none: we are the run's first node.
+        assert!(settled(&BTreeSet::new(), Some(&[]), &gone));
         // Before the lookup answers, a full set of sources is wanted.
         assert!(!settled(&training, None, &gone));
         let all: BTreeSet<PeerId> = peers(startup::MAX_STATE_SOURCES).into_iter().collect();

@@ -585,6 +585,10 @@ fn the_startup_wait_ends_once_the_known_peers_are_heard() {
     e.handle(Micros(30_000), Input::PeerDown(b));
     assert!(started(&mut e), "b left: a heard is enough");
     let mut e = engine(vec![a, b]);
+    e.handle(Micros(20_000), hb(a));
+    e.handle(Micros(30_000), Input::Heartbeat(Heartbeat { leaving: true, ..heartbeat(b) }));
+    assert!(started(&mut e), "b said it leaves before it was heard: a heard is enough");
+    let mut e = engine(vec![a, b]);
     e.handle(Micros(20_000), Input::Heartbeat(Heartbeat { leaving: true, ..heartbeat(a) }));
     e.handle(Micros(30_000), Input::PeerDown(b));
     e.handle_timeout(Micros(1_999_000));
