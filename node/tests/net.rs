@@ -155,8 +155,8 @@ fn drain(mut events: tokio::sync::mpsc::Receiver<net::Event>) {
     tokio::spawn(async move { while events.recv().await.is_some() {} });
 }
 
-/// A holder announces itself to each new peer, so a node that connects to
-/// it keeps its record; kad's first answer to a lookup comes from that
+/// A holder announces itself to each new peer in its routing table, so a
+/// node that connects to it keeps its record; kad's first answer to a lookup comes from that
 /// store without asking anyone. Taken as the list, it named one holder
 /// of a run two held (and start-up then waited for one peer only).
 #[tokio::test]

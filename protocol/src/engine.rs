@@ -342,13 +342,7 @@ impl Engine {
             Input::FetchFailed { id, from, reason } => self.on_fetch_failed(id, from, reason),
             Input::AnnouncementGone(id) => self.on_announcement_gone(id),
             Input::Heartbeat(hb) => self.on_heartbeat(now, hb),
-            Input::PeerDown(peer) => {
-                // Never heard, so not a member, yet not to be waited for.
-                self.startup_expects.remove(&peer);
-                if self.membership.remove(&peer) {
-                    self.forget_peer(peer);
-                }
-            }
+            Input::PeerDown(peer) => self.peer_gone(peer),
             Input::PeerDigest { from, digest } => self.on_peer_digest(from, digest),
             Input::PeerAnchor { from, state } => self.on_peer_anchor(from, *state),
             Input::AnchorUnavailable { from } => self.on_anchor_unavailable(from),
@@ -585,11 +579,7 @@ impl Engine {
             return;
         }
         if hb.leaving {
-            // Known but never heard (so not a member): not waited for either.
-            self.startup_expects.remove(&hb.src);
-            if self.membership.remove(&hb.src) {
-                self.forget_peer(hb.src);
-            }
+            self.peer_gone(hb.src);
             return;
         }
         let info = PeerInfo { speed: hb.speed, last_seen: now, first_round: hb.first_round, round: hb.round };
@@ -619,6 +609,15 @@ impl Engine {
 
     fn expire_peers(&mut self, now: Micros) {
         for peer in self.membership.expire(now) {
+            self.forget_peer(peer);
+        }
+    }
+
+    /// A peer said it leaves, or the shell saw it go.
+    fn peer_gone(&mut self, peer: NodeId) {
+        // Known but never heard, so not a member: not waited for either.
+        self.startup_expects.remove(&peer);
+        if self.membership.remove(&peer) {
             self.forget_peer(peer);
         }
     }

@@ -81,8 +81,8 @@ fn a_joiner_names_every_holder_and_does_not_wait_for_those_that_left() {
         a.wait_json("round", T).unwrap_or_else(|| panic!("a does not train:\n{}", a.stderr()));
     }
     // A node announces itself again to a new peer at most every 5 s: past
-    // that, b sends c its record as c connects, which is how kad's first
-    // answer came from c's own store.
+    // that, b sends c its record once c enters b's routing table, which is
+    // how kad's first answer came from c's own store.
     std::thread::sleep(Duration::from_secs(6));
     let mut c = node(&dir.path().join("c"), &["--bootstrap", &addr, "--max-rounds", "2"]);
     let c_id = c.listen_addr(T).rsplit("/p2p/").next().unwrap().to_string();

@@ -108,19 +108,14 @@ pub(crate) async fn settle(
                 net::Event::Listening(a) => listen.push(a),
                 net::Event::Connected(p) => { unreachable.remove(&p); connected.insert(p); }
                 net::Event::Subscribed(p) => { training.insert(p); }
-                net::Event::DialFailed { peer, error } => {
-                    match peer {
-                        // A holder named by the DHT may have left the run.
-                        Some(p) if !want.contains(&p) => tracing::info!("cannot reach {p}: {error}"),
-                        _ => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
-                    }
-                    // A later connection (it dialed us) makes it reachable.
-                    if let Some(p) = peer.filter(|p| !connected.contains(p) && !want.contains(p))
-                        && unreachable.insert(p)
-                    {
-                        tracing::info!("not waiting for {p}: it cannot be reached (a holder that left the run?)");
+                // A holder named by the DHT may have left the run; a later
+                // connection (it dialed us) makes it reachable again.
+                net::Event::DialFailed { peer: Some(p), error } if !want.contains(&p) => {
+                    if !connected.contains(&p) && unreachable.insert(p) {
+                        tracing::info!("not waiting for {p}: it cannot be reached (a holder that left the run?): {error}");
                     }
                 }
+                net::Event::DialFailed { peer, error } => tracing::warn!("cannot reach {}: {error}", peer.map_or("a bootstrap peer".into(), |p| p.to_string())),
                 other => inbox.take(net, other).await,
             }
         }
