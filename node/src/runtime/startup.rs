@@ -45,10 +45,12 @@ const STATE_RETRY_PAUSE: Duration = Duration::from_secs(2);
 /// answer must not hold the join up for the whole request timeout.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// How much longer the other holders get once one head is in: an honest
-/// holder answers within a round trip, and a head waited on for long names
-/// a state its holder has moved past (with aggregated dissemination, one
-/// that lacks sums announced meanwhile, so the joiner would not be in step).
+/// holder answers within a round trip.
 const HEAD_GRACE: Duration = Duration::from_secs(2);
+/// A head held longer than this while other holders were waited on is
+/// asked for again (a round trip to a peer that answered promptly) before
+/// its state is fetched: aggregated ticks are a second at least.
+const HEAD_FRESH: Duration = Duration::from_millis(250);
 
 /// Why a node could not get ready: `ragtag run` prints it and exits.
 #[derive(Debug, thiserror::Error)]
@@ -221,18 +223,35 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
     // the only one asked. So each retry asks them as well.
     let mut sources = s.peers.clone();
     let mut ever_asked = BTreeSet::new();
-    for attempt in 1..=STATE_ATTEMPTS {
+    let (mut attempt, mut behind_on_last) = (0, false);
+    while attempt < STATE_ATTEMPTS {
+        attempt += 1;
         ever_asked.extend(asked(&sources));
         let Attempt { served, result } = vouched_state(&s, &sources).await;
         let last = attempt == STATE_ATTEMPTS;
         match result {
             // Aggregated, a state a tick behind lacks sums whose hashes were
-            // announced before we listened: asked again while attempts last.
-            Ok(Some(v)) if !last && !v.state.current_at(&s.manifest.engine, super::now()) => {
+            // announced before we listened: asked again while attempts
+            // last, and the last once more of the peers that served it
+            // (they answer at once; a state fetched at a tick's end is
+            // behind by the time it is in).
+            Ok(Some(v)) if !(v.state.current_at(&s.manifest.engine, super::now()) || (last && behind_on_last)) => {
                 tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: the state served is a tick behind");
                 tokio::time::sleep(STATE_RETRY_PAUSE / 4).await;
+                if last {
+                    behind_on_last = true;
+                    attempt -= 1;
+                    sources = served;
+                    continue;
+                }
             }
             Ok(Some(v)) => {
+                if !v.state.current_at(&s.manifest.engine, super::now()) {
+                    tracing::warn!(
+                        "joined with a state a tick behind (served so twice on the last attempt): it may lack sums \
+                         announced before we listened, until anti-entropy averages our replica with a peer's"
+                    );
+                }
                 if v.checked_against == 0 && !last {
                     let next = next_sources(&served, subscribed_now(s.net).await, &s.peers, &ever_asked);
                     if asks_someone_new(&next, &ever_asked) {
@@ -393,21 +412,45 @@ fn asked(sources: &[PeerId]) -> BTreeSet<PeerId> {
 
 /// The state heads of up to [`MAX_STATE_SOURCES`] of `sources`: all that come
 /// within [`HEAD_TIMEOUT`], and no later than [`HEAD_GRACE`] after the
-/// first, so that peers that never answer cannot make the state that did
-/// come old.
+/// first, so that peers that never answer cannot hold the join up. Heads
+/// held longer than [`HEAD_FRESH`] while others were waited on are asked
+/// for again from the peers that gave them: they name states their
+/// holders have moved past (with aggregated dissemination, by a tick or
+/// more, so the joiner would lack sums its peers applied meanwhile).
 async fn state_heads(s: &EngineSetup<'_>, sources: &[PeerId]) -> Vec<(PeerId, StateHead)> {
+    let (heads, first) = heads_of(s, asked(sources)).await;
+    let Some(first) = first.filter(|t| t.elapsed() > HEAD_FRESH) else {
+        return heads;
+    };
+    tracing::info!(
+        "asking {} peer(s) again for the state's head: theirs are {:.1} s old after waiting on the others",
+        heads.len(),
+        first.elapsed().as_secs_f64()
+    );
+    let (fresh, _) = heads_of(s, heads.iter().map(|(p, _)| *p).collect()).await;
+    if fresh.is_empty() { heads } else { fresh }
+}
+
+/// The heads of `peers` that come in time (see [`state_heads`]), and when
+/// the first came.
+async fn heads_of(
+    s: &EngineSetup<'_>,
+    mut waiting: BTreeSet<PeerId>,
+) -> (Vec<(PeerId, StateHead)>, Option<tokio::time::Instant>) {
     let run_id = s.manifest.run_id();
-    let mut waiting = asked(sources);
     let mut pending: FuturesUnordered<_> =
         waiting.iter().map(|&peer| async move { (peer, fetch::state_head(s.net, peer, run_id).await) }).collect();
     let mut deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
     let mut heads = Vec::new();
+    let mut first = None;
     while let Ok(Some((peer, result))) = tokio::time::timeout_at(deadline, pending.next()).await {
         waiting.remove(&peer);
         match result {
             Ok(head) => {
                 heads.push((peer, head));
-                deadline = deadline.min(tokio::time::Instant::now() + HEAD_GRACE);
+                let now = tokio::time::Instant::now();
+                first.get_or_insert(now);
+                deadline = deadline.min(now + HEAD_GRACE);
             }
             Err(e) => tracing::info!("no replica state from {peer}: {e}"),
         }
@@ -415,7 +458,7 @@ async fn state_heads(s: &EngineSetup<'_>, sources: &[PeerId]) -> Vec<(PeerId, St
     for peer in waiting {
         tracing::info!("no replica state from {peer}: no answer in time");
     }
-    heads
+    (heads, first)
 }
 
 /// The states of `holders`, whose heads name the same shared part: taken

@@ -76,6 +76,9 @@ struct Roles {
     parent: Vec<Option<NodeId>>,
     /// The nodes this one passes the sum on to.
     children: Vec<Vec<NodeId>>,
+    /// The membership generation whose live set they were worked out
+    /// from (no roster yet), or `None`: from the roster.
+    view: Option<u64>,
 }
 
 /// What a replica knows about the sums of open ticks.
@@ -155,12 +158,18 @@ impl Engine {
         self.roles(key).parent.get(group as usize).copied().flatten()
     }
 
-    /// Tick `key`'s roles ([`Roles`]), from the view when first needed.
+    /// Tick `key`'s roles ([`Roles`]): from the roster, worked out once;
+    /// before the roster names anyone (a run's first sums), from our view
+    /// of the live set, worked out again whenever it changes. A node alone
+    /// that fixed a tick's roles before its first peers joined refused
+    /// their quorum sums of that tick as not its aggregators' and was a
+    /// sum apart from them from then on.
     fn roles(&mut self, key: u64) -> Arc<Roles> {
         let Some(cfg) = self.cfg.aggregation else {
             return Arc::default();
         };
-        if let Some(r) = self.aggregation.roles.get(&key) {
+        let generation = self.membership.generation();
+        if let Some(r) = self.aggregation.roles.get(&key).filter(|r| r.view.is_none_or(|g| g == generation)) {
             return r.clone();
         }
         let me = self.me;
@@ -168,11 +177,12 @@ impl Engine {
         // sums; our view of the live set only before any tick settled.
         // Both in id order, as the ranking takes them.
         let mut eligible: Vec<NodeId> = self.roster.eligible(key).collect();
-        if eligible.is_empty() {
+        let view = eligible.is_empty().then_some(generation);
+        if view.is_some() {
             eligible = self.live_ids().collect();
             eligible.sort_unstable();
         }
-        let (mut roles, mut designated) = (Roles::default(), Vec::new());
+        let (mut roles, mut designated) = (Roles { view, ..Roles::default() }, Vec::new());
         let (r, fanout) = (cfg.aggregators as usize, cfg.fanout as usize);
         for g in 0..cfg.groups {
             let mut ranking = Ranking::new(key, g, &eligible);

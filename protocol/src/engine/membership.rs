@@ -31,6 +31,8 @@ pub struct Membership {
     max_peers: usize,
     /// v_ref, recomputed only after a speed changed.
     reference: std::cell::Cell<Option<f32>>,
+    /// Bumped whenever a peer joins or leaves the table.
+    generation: u64,
 }
 
 /// What changed after an update to the table.
@@ -55,7 +57,14 @@ impl Membership {
             timeout,
             max_peers,
             reference: std::cell::Cell::new(None),
+            generation: 0,
         }
+    }
+
+    /// Changes with the set of live peers (not with their refreshes): what
+    /// was worked out from one view of the live set is stale once it moves.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Our own id.
@@ -97,6 +106,7 @@ impl Membership {
         self.by_last_seen.insert((info.last_seen, peer));
         self.peers.insert(peer, info);
         self.reference.set(None);
+        self.generation += 1;
         MembershipChange::Joined
     }
 
@@ -106,6 +116,7 @@ impl Membership {
             Some(p) => {
                 self.by_last_seen.remove(&(p.last_seen, *peer));
                 self.reference.set(None);
+                self.generation += 1;
                 true
             }
             None => false,
@@ -122,6 +133,7 @@ impl Membership {
             self.by_last_seen.pop_first();
             self.peers.remove(&id);
             self.reference.set(None);
+            self.generation += 1;
             dead.push(id);
         }
         dead

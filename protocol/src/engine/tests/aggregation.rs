@@ -213,6 +213,46 @@ fn a_ticks_roles_hold_only_the_aggregators_they_name() {
 }
 
 #[test]
+fn before_the_roster_names_anyone_a_ticks_roles_follow_the_live_set() {
+    // A node alone works out a tick's roles (it publishes its own update
+    // at the tick's start); two peers join in that tick and sum it with
+    // a quorum of their own. The lone node's roles must name them once it
+    // hears them, or it refuses their sums and stays a sum apart.
+    let mut cfg = aggregated(true);
+    cfg.aggregation = Some(AggregationConfig::with_groups(2));
+    let mut h = Harness::new(cfg, &[20.0], 3);
+    h.run_until(Micros::from_secs_f64(5.0));
+    let e = &mut h.engines[0];
+    let (me, run, now) = (e.me, e.run_id(), h.now);
+    let key = e.tick_at(now).expect("tick mode");
+    assert!(e.roster.eligible(key).next().is_none(), "a lone node has no roster");
+    let alone = e.designated(key);
+    assert!(alone.iter().all(|g| g.as_slice() == [me]), "{alone:?}");
+    let peers: Vec<NodeId> = (1..3).map(|k| Keypair::deterministic(3, k).node_id()).collect();
+    for (seq, src) in peers.iter().enumerate() {
+        let hb = Heartbeat {
+            run_id: run,
+            src: *src,
+            seq: seq as u64,
+            speed: 20.0,
+            round: 0,
+            first_round: 0,
+            applied_total: 0,
+            leaving: false,
+            clock: None,
+        };
+        e.handle(now, Input::Heartbeat(hb));
+    }
+    let mut all: Vec<NodeId> = peers.iter().copied().chain([me]).collect();
+    all.sort_unstable();
+    for group in e.designated(key).iter() {
+        let mut group = group.clone();
+        group.sort_unstable();
+        assert_eq!(group, all, "tick {key}'s aggregators once two peers are live");
+    }
+}
+
+#[test]
 fn a_lone_aggregated_node_closes_its_ticks_by_the_clock_and_joiners_of_its_state_stay_in_step() {
     // A node alone never sees a quorum sum. Its ticks still close: its
     // state says how far it is, so a joiner can tell a state taken long
