@@ -223,7 +223,9 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
     // the only one asked. So each retry asks them as well.
     let mut sources = s.peers.clone();
     let mut ever_asked = BTreeSet::new();
-    let (mut attempt, mut behind_on_last) = (0, false);
+    // A state a tick behind on the last attempt, kept in case the peers
+    // that served it serve none better when asked once more.
+    let (mut attempt, mut behind) = (0, None);
     while attempt < STATE_ATTEMPTS {
         attempt += 1;
         ever_asked.extend(asked(&sources));
@@ -235,23 +237,17 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
             // last, and the last once more of the peers that served it
             // (they answer at once; a state fetched at a tick's end is
             // behind by the time it is in).
-            Ok(Some(v)) if !(v.state.current_at(&s.manifest.engine, super::now()) || (last && behind_on_last)) => {
+            Ok(Some(v)) if !(v.state.current_at(&s.manifest.engine, super::now()) || (last && behind.is_some())) => {
                 tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: the state served is a tick behind");
                 tokio::time::sleep(STATE_RETRY_PAUSE / 4).await;
                 if last {
-                    behind_on_last = true;
+                    behind = Some(v);
                     attempt -= 1;
                     sources = served;
                     continue;
                 }
             }
             Ok(Some(v)) => {
-                if !v.state.current_at(&s.manifest.engine, super::now()) {
-                    tracing::warn!(
-                        "joined with a state a tick behind (served so twice on the last attempt): it may lack sums \
-                         announced before we listened, until anti-entropy averages our replica with a peer's"
-                    );
-                }
                 if v.checked_against == 0 && !last {
                     let next = next_sources(&served, subscribed_now(s.net).await, &s.peers, &ever_asked);
                     if asks_someone_new(&next, &ever_asked) {
@@ -264,27 +260,16 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
                         continue;
                     }
                 }
-                if v.checked_against == 0 {
-                    tracing::warn!(
-                        "joined with the state of {} (round {}), the only peer that served one: it could not be \
-                         checked against another",
-                        v.peer,
-                        v.state.round
-                    );
-                } else {
-                    tracing::info!(
-                        "joined with the state of {} (round {}), checked against {} other peers",
-                        v.peer,
-                        v.state.round,
-                        v.checked_against
-                    );
-                }
-                return Ok((Engine::join(s.manifest.engine, me, run_id, t0, v.state, s.speed, s.seed), Origin::Joined));
+                return Ok(join_with(&s, v));
             }
             Ok(None) => break,
             Err(reason) if last => {
                 s.refused.get_or_create(&ReasonLabel { reason: reason.name().into() }).inc();
-                tracing::warn!("no replica state could be trusted ({reason}): starting from the run's initial weights");
+                if behind.is_none() {
+                    tracing::warn!(
+                        "no replica state could be trusted ({reason}): starting from the run's initial weights"
+                    );
+                }
             }
             Err(reason) => {
                 tracing::info!("attempt {attempt} of {STATE_ATTEMPTS} to sync: {reason}; asking again");
@@ -294,7 +279,37 @@ pub async fn engine(s: EngineSetup<'_>) -> Result<(Engine, Origin), StartupError
         // Taken after the pause: peers that subscribed during it count.
         sources = next_sources(&served, subscribed_now(s.net).await, &s.peers, &ever_asked);
     }
+    if let Some(v) = behind {
+        return Ok(join_with(&s, v));
+    }
     Ok((Engine::new(s.manifest.engine, me, run_id, t0, s.initial, s.speed, s.seed), Origin::Fresh))
+}
+
+/// The engine joined from `v`, saying how far the state could be checked.
+fn join_with(s: &EngineSetup<'_>, v: Vouched) -> (Engine, Origin) {
+    if !v.state.current_at(&s.manifest.engine, super::now()) {
+        tracing::warn!(
+            "joined with a state a tick behind (served so on the last attempt and once more): it may lack sums \
+             announced before we listened, until anti-entropy averages our replica with a peer's"
+        );
+    }
+    if v.checked_against == 0 {
+        tracing::warn!(
+            "joined with the state of {} (round {}), the only peer that served one: it could not be checked against \
+             another",
+            v.peer,
+            v.state.round
+        );
+    } else {
+        tracing::info!(
+            "joined with the state of {} (round {}), checked against {} other peers",
+            v.peer,
+            v.state.round,
+            v.checked_against
+        );
+    }
+    let (me, run_id, t0) = (s.key.node_id(), s.manifest.run_id(), Micros(s.manifest.start_ms.saturating_mul(1000)));
+    (Engine::join(s.manifest.engine, me, run_id, t0, v.state, s.speed, s.seed), Origin::Joined)
 }
 
 /// A replica state to join with, and how many other peers' states it was
@@ -427,8 +442,15 @@ async fn state_heads(s: &EngineSetup<'_>, sources: &[PeerId]) -> Vec<(PeerId, St
         heads.len(),
         first.elapsed().as_secs_f64()
     );
-    let (fresh, _) = heads_of(s, heads.iter().map(|(p, _)| *p).collect()).await;
-    if fresh.is_empty() { heads } else { fresh }
+    let (mut fresh, _) = heads_of(s, heads.iter().map(|(p, _)| *p).collect()).await;
+    // A peer that answered before keeps its place in the check between
+    // states (with its old head) if it does not answer again in time.
+    for (peer, head) in heads {
+        if !fresh.iter().any(|(p, _)| *p == peer) {
+            fresh.push((peer, head));
+        }
+    }
+    fresh
 }
 
 /// The heads of `peers` that come in time (see [`state_heads`]), and when

@@ -160,7 +160,8 @@ impl Engine {
 
     /// Tick `key`'s roles ([`Roles`]): from the roster, worked out once;
     /// before the roster names anyone (a run's first sums), from our view
-    /// of the live set, worked out again whenever it changes. A node alone
+    /// of the live set, worked out again when it changes or the roster
+    /// comes to name nodes for the tick (see also the quorum in `vote`). A node alone
     /// that fixed a tick's roles before its first peers joined refused
     /// their quorum sums of that tick as not its aggregators' and was a
     /// sum apart from them from then on.
@@ -169,8 +170,13 @@ impl Engine {
             return Arc::default();
         };
         let generation = self.membership.generation();
-        if let Some(r) = self.aggregation.roles.get(&key).filter(|r| r.view.is_none_or(|g| g == generation)) {
-            return r.clone();
+        if let Some(r) = self.aggregation.roles.get(&key) {
+            // From the view: kept while the live set is the same and the
+            // roster still names no one for this tick.
+            let current = r.view.is_none_or(|g| g == generation && self.roster.eligible(key).next().is_none());
+            if current {
+                return r.clone();
+            }
         }
         let me = self.me;
         // The roster, the same at every replica that applied the same

@@ -76,7 +76,12 @@ impl Engine {
         if let Some(bytes) = &early {
             self.push_down(k, vote.hash, bytes.clone());
         }
-        if vote.signers.len() < cfg.quorum as usize
+        // Signers the tick's roles name now: roles worked out from the live
+        // view change with it (no roster yet), and a quorum must not mix
+        // signers of two views.
+        let designated = self.designated(a.key);
+        let named = vote.signers.iter().filter(|s| designated[a.group as usize].contains(s)).count();
+        if named < cfg.quorum as usize
             || self.aggregation.applied.contains(&k)
             || self.aggregation.held.contains_key(&k)
             || self.aggregation.fetching.contains_key(&k)

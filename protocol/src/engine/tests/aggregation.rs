@@ -250,6 +250,12 @@ fn before_the_roster_names_anyone_a_ticks_roles_follow_the_live_set() {
         group.sort_unstable();
         assert_eq!(group, all, "tick {key}'s aggregators once two peers are live");
     }
+    // A peer gone from the view is gone from the roles.
+    e.membership.remove(&peers[0]);
+    assert!(e.designated(key).iter().all(|g| !g.contains(&peers[0])), "a departed peer keeps its role");
+    // Once the roster names nodes for the tick, the roles are the roster's.
+    e.roster.record(peers[1], key - crate::engine::roster::SETTLE_TICKS);
+    assert!(e.designated(key).iter().all(|g| g.as_slice() == [peers[1]]), "{:?}", e.designated(key));
 }
 
 #[test]
