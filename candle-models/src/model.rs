@@ -2,6 +2,7 @@
 
 mod cnn;
 mod conv3x3;
+mod dense;
 mod gelu;
 mod mlp;
 mod transformer;

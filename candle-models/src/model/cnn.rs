@@ -4,11 +4,12 @@
 //! layers see the channels-first flattening candle's layout gives.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2dConfig, Linear, VarBuilder, conv2d, linear};
+use candle_nn::{Conv2dConfig, VarBuilder, conv2d};
 
 use super::{
     Tap,
     conv3x3::{Conv3x3, channels_first_flat, max_pool2},
+    dense::{Dense, dense},
 };
 use crate::{Error, Result};
 
@@ -17,8 +18,8 @@ use crate::{Error, Result};
 pub struct Cnn {
     conv1: Conv3x3,
     conv2: Conv3x3,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: Dense,
+    fc2: Dense,
     side: usize,
     channels: [usize; 2],
     hidden: usize,
@@ -36,8 +37,8 @@ impl Cnn {
         Ok(Self {
             conv1: Conv3x3::new(conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?, side, vb.device())?,
             conv2: Conv3x3::new(conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?, side / 2, vb.device())?,
-            fc1: linear(flat, hidden, vb.pp("fc1"))?,
-            fc2: linear(hidden, classes, vb.pp("fc2"))?,
+            fc1: dense(flat, hidden, vb.pp("fc1"))?,
+            fc2: dense(hidden, classes, vb.pp("fc2"))?,
             side,
             channels,
             hidden,

@@ -1,15 +1,18 @@
 //! A multi-layer perceptron with ReLU between layers.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Linear, VarBuilder, linear};
+use candle_nn::VarBuilder;
 
-use super::Tap;
+use super::{
+    Tap,
+    dense::{Dense, dense},
+};
 use crate::Result;
 
 /// Layers `l0 .. lk`; ReLU after every layer but the last.
 #[derive(Debug)]
 pub struct Mlp {
-    layers: Vec<Linear>,
+    layers: Vec<Dense>,
     widths: Vec<usize>,
 }
 
@@ -22,7 +25,7 @@ impl Mlp {
         let layers = widths
             .windows(2)
             .enumerate()
-            .map(|(i, w)| linear(w[0], w[1], vb.pp(format!("l{i}"))))
+            .map(|(i, w)| dense(w[0], w[1], vb.pp(format!("l{i}"))))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Self { layers, widths })
     }

@@ -1,9 +1,13 @@
 //! A character-level decoder-only transformer (GPT-style, pre-norm).
 
 use candle_core::{D, DType, Device, Module, Tensor};
-use candle_nn::{Embedding, Linear, VarBuilder, embedding, linear};
+use candle_nn::{Embedding, VarBuilder, embedding};
 
-use super::{Tap, gelu::gelu};
+use super::{
+    Tap,
+    dense::{Dense, dense},
+    gelu::gelu,
+};
 use crate::{Error, Result};
 
 /// Layer norm from differentiable tensor ops. candle-nn's `LayerNorm`
@@ -36,11 +40,11 @@ impl LayerNorm {
 #[derive(Debug)]
 struct Block {
     ln1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
+    qkv: Dense,
+    proj: Dense,
     ln2: LayerNorm,
-    fc: Linear,
-    out: Linear,
+    fc: Dense,
+    out: Dense,
 }
 
 /// Token and position embeddings, `layers` blocks, a final norm and a head.
@@ -50,7 +54,7 @@ pub struct CharTransformer {
     wpe: Embedding,
     blocks: Vec<Block>,
     ln_f: LayerNorm,
-    head: Linear,
+    head: Dense,
     vocab: usize,
     context: usize,
     width: usize,
@@ -77,11 +81,11 @@ impl CharTransformer {
                 let vb = vb.pp(format!("h{i}"));
                 Ok(Block {
                     ln1: ln(width, vb.pp("ln1"))?,
-                    qkv: linear(width, 3 * width, vb.pp("attn_qkv"))?,
-                    proj: linear(width, width, vb.pp("attn_proj"))?,
+                    qkv: dense(width, 3 * width, vb.pp("attn_qkv"))?,
+                    proj: dense(width, width, vb.pp("attn_proj"))?,
                     ln2: ln(width, vb.pp("ln2"))?,
-                    fc: linear(width, 4 * width, vb.pp("mlp_fc"))?,
-                    out: linear(4 * width, width, vb.pp("mlp_out"))?,
+                    fc: dense(width, 4 * width, vb.pp("mlp_fc"))?,
+                    out: dense(4 * width, width, vb.pp("mlp_out"))?,
                 })
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -91,7 +95,7 @@ impl CharTransformer {
             wpe: embedding(context, width, vb.pp("wpe"))?,
             blocks,
             ln_f: ln(width, vb.pp("ln_f"))?,
-            head: linear(width, vocab, vb.pp("head"))?,
+            head: dense(width, vocab, vb.pp("head"))?,
             vocab,
             context,
             width,
