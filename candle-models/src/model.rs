@@ -4,7 +4,9 @@ mod cnn;
 mod conv3x3;
 mod dense;
 mod gelu;
+mod layer_norm;
 mod mlp;
+mod softmax;
 mod transformer;
 
 use candle_core::Tensor;

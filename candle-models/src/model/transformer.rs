@@ -1,41 +1,16 @@
 //! A character-level decoder-only transformer (GPT-style, pre-norm).
 
-use candle_core::{D, DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, VarBuilder, embedding};
 
 use super::{
     Tap,
     dense::{Dense, dense},
     gelu::gelu,
+    layer_norm::LayerNorm,
+    softmax::softmax_last_dim,
 };
 use crate::{Error, Result};
-
-/// Layer norm from differentiable tensor ops. candle-nn's `LayerNorm`
-/// module and its `ops::softmax_last_dim` are fused kernels applied with
-/// `apply_op*_no_bwd`: backprop stops there, and with them only the head
-/// of this model ever trained.
-#[derive(Debug)]
-struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl LayerNorm {
-    const EPS: f64 = 1e-5;
-
-    fn new(n: usize, vb: VarBuilder) -> candle_core::Result<Self> {
-        let weight = vb.get_with_hints(n, "weight", candle_nn::Init::Const(1.0))?;
-        let bias = vb.get_with_hints(n, "bias", candle_nn::Init::Const(0.0))?;
-        Ok(Self { weight, bias })
-    }
-
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let n = x.dim(D::Minus1)? as f64;
-        let centred = x.broadcast_sub(&(x.sum_keepdim(D::Minus1)? / n)?)?;
-        let variance = (centred.sqr()?.sum_keepdim(D::Minus1)? / n)?;
-        centred.broadcast_div(&(variance + Self::EPS)?.sqrt()?)?.broadcast_mul(&self.weight)?.broadcast_add(&self.bias)
-    }
-}
 
 #[derive(Debug)]
 struct Block {
@@ -133,7 +108,7 @@ impl CharTransformer {
             let k = qkv.get(1)?.contiguous()?;
             let v = qkv.get(2)?.contiguous()?;
             let att = (q.matmul(&k.t()?)? * scale)?.broadcast_add(&mask)?;
-            let att = candle_nn::ops::softmax(&att, D::Minus1)?;
+            let att = softmax_last_dim(&att)?;
             let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b * t, self.width))?;
             x = (x + blk.proj.forward(&y)?)?;
             let h = blk.ln2.forward(&x)?;
