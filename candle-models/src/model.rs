@@ -2,6 +2,7 @@
 
 mod cnn;
 mod conv3x3;
+mod cpu_slice;
 mod dense;
 mod gelu;
 mod layer_norm;

@@ -173,10 +173,7 @@ mod tests {
     use candle_nn::VarMap;
 
     use super::*;
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-    }
+    use crate::model::cpu_slice::max_diff;
 
     /// Output and every gradient agree with candle's `Linear` on the same
     /// parameters, for a contiguous input, a transposed one, one row, and a

@@ -9,6 +9,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Shape, Tensor};
 
+use super::cpu_slice::contiguous_f32;
 use crate::Result;
 
 const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
@@ -29,14 +30,6 @@ fn tanh(z: f32) -> f32 {
     1.0 - 2.0 / ((2.0 * z).exp() + 1.0)
 }
 
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
-    let (start, end) = l.contiguous_offsets().ok_or_else(|| Error::Msg("gelu: non-contiguous input".into()))?;
-    match s {
-        CpuStorage::F32(x) => Ok(&x[start..end]),
-        _ => Err(Error::Msg("gelu: f32 only".into())),
-    }
-}
-
 struct GeluTanh;
 
 impl CustomOp1 for GeluTanh {
@@ -45,7 +38,7 @@ impl CustomOp1 for GeluTanh {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s, l)?;
+        let x = contiguous_f32(s, l, "gelu", "input")?;
         let y = x.iter().map(|&v| 0.5 * v * (1.0 + tanh(SQRT_TWO_OVER_PI * v * (1.0 + CUBIC * v * v)))).collect();
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
@@ -70,7 +63,7 @@ impl CustomOp2 for GeluTanhGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, g) = (contiguous_f32(s1, l1)?, contiguous_f32(s2, l2)?);
+        let (x, g) = (contiguous_f32(s1, l1, "gelu", "input")?, contiguous_f32(s2, l2, "gelu", "gradient")?);
         if x.len() != g.len() {
             return Err(Error::Msg("gelu: gradient and input differ in size".into()));
         }

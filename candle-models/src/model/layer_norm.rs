@@ -11,6 +11,8 @@
 use candle_core::{CpuStorage, CustomOp3, D, DType, Error, Layout, Shape, Tensor};
 use candle_nn::VarBuilder;
 
+use super::cpu_slice::contiguous_f32;
+
 const EPS: f32 = 1e-5;
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension.
@@ -45,15 +47,6 @@ impl LayerNorm {
             .broadcast_div(&(variance + f64::from(EPS))?.sqrt()?)?
             .broadcast_mul(&self.weight)?
             .broadcast_add(&self.bias)
-    }
-}
-
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
-    let (start, end) =
-        l.contiguous_offsets().ok_or_else(|| Error::Msg(format!("layer norm: non-contiguous {what}")))?;
-    match s {
-        CpuStorage::F32(v) => Ok(&v[start..end]),
-        _ => Err(Error::Msg(format!("layer norm: {what} is not f32"))),
     }
 }
 
@@ -94,8 +87,11 @@ impl CustomOp3 for LayerNormCpu {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w, b) =
-            (contiguous_f32(xs, xl, "input")?, contiguous_f32(ws, wl, "weight")?, contiguous_f32(bs, bl, "bias")?);
+        let (x, w, b) = (
+            contiguous_f32(xs, xl, "layer norm", "input")?,
+            contiguous_f32(ws, wl, "layer norm", "weight")?,
+            contiguous_f32(bs, bl, "layer norm", "bias")?,
+        );
         if w.len() != b.len() {
             return Err(Error::Msg("layer norm: weight and bias differ in size".into()));
         }
@@ -144,8 +140,11 @@ impl CustomOp3 for LayerNormGrad {
         gs: &CpuStorage,
         gl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w, g) =
-            (contiguous_f32(xs, xl, "input")?, contiguous_f32(ws, wl, "weight")?, contiguous_f32(gs, gl, "gradient")?);
+        let (x, w, g) = (
+            contiguous_f32(xs, xl, "layer norm", "input")?,
+            contiguous_f32(ws, wl, "layer norm", "weight")?,
+            contiguous_f32(gs, gl, "layer norm", "gradient")?,
+        );
         let width = w.len();
         if g.len() != x.len() {
             return Err(Error::Msg("layer norm: gradient and input differ in size".into()));
@@ -181,10 +180,7 @@ mod tests {
     use candle_nn::VarMap;
 
     use super::*;
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-    }
+    use crate::model::cpu_slice::max_diff;
 
     /// Output and the gradients of input, weight and bias agree with the
     /// same layer from tensor ops, with weights away from 1 and rows of

@@ -9,20 +9,14 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, D, DType, Error, Layout, Shape, Tensor};
 
+use super::cpu_slice::contiguous_f32;
+
 /// Softmax of `x` over its last dimension.
 pub(crate) fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
     if x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() > 0 {
         x.contiguous()?.apply_op1(SoftmaxCpu)
     } else {
         candle_nn::ops::softmax(x, D::Minus1)
-    }
-}
-
-fn contiguous_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
-    let (start, end) = l.contiguous_offsets().ok_or_else(|| Error::Msg(format!("softmax: non-contiguous {what}")))?;
-    match s {
-        CpuStorage::F32(v) => Ok(&v[start..end]),
-        _ => Err(Error::Msg(format!("softmax: {what} is not f32"))),
     }
 }
 
@@ -43,7 +37,7 @@ impl CustomOp1 for SoftmaxCpu {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = contiguous_f32(s, l, "input")?;
+        let x = contiguous_f32(s, l, "softmax", "input")?;
         let n = row_len(l, x.len())?;
         let mut y = vec![0.0f32; x.len()];
         for (row, out) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
@@ -80,7 +74,7 @@ impl CustomOp2 for SoftmaxGrad {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (y, g) = (contiguous_f32(s1, l1, "output")?, contiguous_f32(s2, l2, "gradient")?);
+        let (y, g) = (contiguous_f32(s1, l1, "softmax", "output")?, contiguous_f32(s2, l2, "softmax", "gradient")?);
         if y.len() != g.len() {
             return Err(Error::Msg("softmax: gradient and output differ in size".into()));
         }
@@ -101,10 +95,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-    }
+    use crate::model::cpu_slice::max_diff;
 
     /// Value and gradient agree with candle-nn's `softmax` on attention
     /// scores of rank 4, masked entries (-inf) included.
