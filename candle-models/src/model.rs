@@ -2,17 +2,22 @@
 
 mod cnn;
 mod conv3x3;
+mod cpu_gemm;
 mod cpu_slice;
+mod cross_entropy;
 mod dense;
 mod gelu;
 mod layer_norm;
 mod mlp;
+mod pool;
+mod relu;
 mod softmax;
 mod transformer;
 
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 pub use cnn::Cnn;
+pub(crate) use cross_entropy::cross_entropy;
 pub use mlp::Mlp;
 use ragtag_protocol::manifest::ModelSpec;
 pub use transformer::CharTransformer;
@@ -148,6 +153,44 @@ impl Model {
             Model::Mlp(m) => m.activation_bytes(),
             Model::Cnn(m) => m.activation_bytes(),
             Model::Transformer(m) => m.activation_bytes(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+    use candle_nn::VarMap;
+
+    use super::*;
+
+    /// Every parameter of every model gets a gradient through the custom
+    /// operations.
+    #[test]
+    fn every_parameter_gets_a_gradient() {
+        let dev = Device::Cpu;
+        let specs = [
+            (ModelSpec::Mlp { inputs: 5, hidden: vec![7, 6], classes: 3 }, Tensor::ones((4, 5), DType::F32, &dev)),
+            (
+                ModelSpec::Cnn { side: 4, channels: [2, 3], hidden: 5, classes: 3 },
+                Tensor::ones((4, 1, 4, 4), DType::F32, &dev),
+            ),
+            (
+                ModelSpec::CharTransformer { vocab: 3, context: 4, width: 8, layers: 1, heads: 2 },
+                Tensor::zeros((1, 4), DType::U32, &dev),
+            ),
+        ];
+        for (spec, x) in specs {
+            let map = VarMap::new();
+            let model = Model::build(&spec, VarBuilder::from_varmap(&map, DType::F32, &dev)).unwrap();
+            let vars = map.all_vars();
+            let x = x.unwrap();
+            let loss = model.forward(&x).unwrap().sqr().unwrap().sum_all().unwrap();
+            let grads = loss.backward().unwrap();
+            for var in &vars {
+                let g = grads.get(var.as_tensor());
+                assert!(g.is_some(), "{spec:?}: a parameter of shape {:?} without a gradient", var.shape());
+            }
         }
     }
 }

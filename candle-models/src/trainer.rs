@@ -234,7 +234,7 @@ impl Trainer {
             let part = if parts == 1 { batch.clone() } else { batch.slice(range) };
             let (x, y) = part.to_tensors(&self.device.device)?;
             let logits = self.model.forward(&x)?;
-            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            let loss = crate::model::cross_entropy(&logits, &y)?;
             loss_sum += loss.to_scalar::<f32>()? * weight as f32;
             let grads = loss.backward()?;
             for (slot, var) in total.iter_mut().zip(self.params.vars()) {
@@ -425,7 +425,7 @@ impl Trainer {
             let (x, y) = part.to_tensors(&self.device.device)?;
             let logits = self.model.forward(&x)?;
             let m = y.dims1()?;
-            loss_sum += candle_nn::loss::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * m as f64;
+            loss_sum += crate::model::cross_entropy(&logits, &y)?.to_scalar::<f32>()? as f64 * m as f64;
             let pred = logits.argmax(candle_core::D::Minus1)?;
             correct += pred.eq(&y)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as usize;
             count += m;

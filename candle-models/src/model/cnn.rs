@@ -8,8 +8,10 @@ use candle_nn::{Conv2dConfig, VarBuilder, conv2d};
 
 use super::{
     Tap,
-    conv3x3::{Conv3x3, channels_first_flat, max_pool2},
+    conv3x3::Conv3x3,
     dense::{Dense, dense},
+    pool::relu_max_pool2,
+    relu::relu,
 };
 use crate::{Error, Result};
 
@@ -58,16 +60,15 @@ impl Cnn {
         let side = self.side;
         // One channel: [batch, 1, side, side] is already channels-last.
         let x = x.reshape((x.dim(0)?, side * side, 1))?;
-        let h = max_pool2(&self.conv1.forward(&x)?.relu()?, side)?;
+        let h = relu_max_pool2(&self.conv1.forward(&x)?, side, false)?;
         if let Some(tap) = tap.as_mut() {
             tap("conv1".into(), &h.flatten_from(1)?);
         }
-        let h = max_pool2(&self.conv2.forward(&h)?.relu()?, side / 2)?;
-        let h = channels_first_flat(&h)?;
+        let h = relu_max_pool2(&self.conv2.forward(&h)?, side / 2, true)?;
         if let Some(tap) = tap.as_mut() {
             tap("conv2".into(), &h);
         }
-        let h = self.fc1.forward(&h)?.relu()?;
+        let h = relu(&self.fc1.forward(&h)?)?;
         if let Some(tap) = tap.as_mut() {
             tap("fc1".into(), &h);
         }

@@ -1,57 +1,88 @@
-//! A 3x3 convolution (stride 1, padding 1) and 2x2 max-pooling on
-//! channels-last images, as a gather and one matrix product.
+//! A 3x3 convolution (stride 1, padding 1) on channels-last images, as one
+//! operation on the CPU.
 //!
 //! candle's CPU convolution computes its backward pass with a direct
 //! transposed convolution (a dot product per output element): on the
-//! digits CNN that was over half of a training step. Gathering the 3x3
-//! neighbourhoods with a fixed index (`index_select`, whose backward is
-//! `index_add`) turns the forward and both gradients into matrix products.
-//! The weights keep candle's `[out, in, 3, 3]` layout and names, so a
-//! checkpoint is the same whichever way the convolution is computed.
+//! digits CNN that was over half of a training step. Here each position's
+//! 3x3 neighbourhood is gathered into a row (im2col) and the convolution is
+//! one matrix product into rows holding the bias; backward gathers again
+//! and runs two products (the weight's gradient, and the input's, which is
+//! scattered back to the positions it came from). Done with candle's
+//! tensor operations (a gather by `index_select`, a product, a bias add)
+//! the step of the digits CNN was about 35 small operations, each with its
+//! own allocation and its own backward, and their overhead, not the
+//! arithmetic, set its time. The weights keep candle's `[out, in, 3, 3]`
+//! layout and names, so a checkpoint is the same whichever way the
+//! convolution is computed; on other devices and dtypes the tensor
+//! operations run.
 
-use candle_core::{Device, Tensor};
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp3, DType, Device, Error, Layout, Shape, Tensor};
 use candle_nn::Conv2d;
 
+use super::{
+    cpu_gemm::{View, product},
+    cpu_slice::contiguous_f32,
+    dense::BLAS,
+};
 use crate::Result;
 
-/// The neighbourhood gather of one image size.
+/// Marks a neighbour outside the image (zero padding).
+const OUTSIDE: u32 = u32::MAX;
+
+/// A 3x3 convolution over `side x side` channels-last images.
 #[derive(Debug)]
 pub(crate) struct Conv3x3 {
     conv: Conv2d,
-    /// For output position `p` and kernel tap `k`, at `p * 9 + k`: the
-    /// input position it reads, or `side * side` (a zero row) off the edge.
-    gather: Tensor,
+    side: usize,
+    /// For position `p` and kernel tap `k = 3 * (dy + 1) + (dx + 1)`, entry
+    /// `9 * p + k` is the neighbour's position, or [`OUTSIDE`].
+    neighbours: Arc<[u32]>,
 }
 
 impl Conv3x3 {
-    /// Wraps `conv` (3x3, padding 1, stride 1) for `side`x`side` inputs.
-    pub(crate) fn new(conv: Conv2d, side: usize, device: &Device) -> Result<Self> {
-        let outside = (side * side) as u32;
-        let mut gather = Vec::with_capacity(side * side * 9);
+    pub(crate) fn new(conv: Conv2d, side: usize, _device: &Device) -> Result<Self> {
+        let mut neighbours = Vec::with_capacity(side * side * 9);
         for y in 0..side as isize {
             for x in 0..side as isize {
                 for dy in -1..=1isize {
                     for dx in -1..=1isize {
                         let (sy, sx) = (y + dy, x + dx);
                         let inside = (0..side as isize).contains(&sy) && (0..side as isize).contains(&sx);
-                        gather.push(if inside { (sy as usize * side + sx as usize) as u32 } else { outside });
+                        neighbours.push(if inside { (sy as usize * side + sx as usize) as u32 } else { OUTSIDE });
                     }
                 }
             }
         }
-        let gather = Tensor::from_vec(gather, side * side * 9, device)?;
-        Ok(Self { conv, gather })
+        Ok(Self { conv, side, neighbours: neighbours.into() })
     }
 
-    /// `[batch, side * side, in]` to `[batch, side * side, out]`.
+    /// `x` is `[batch, side * side, channels]`; so is the output, with the
+    /// layer's output channels.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.conv.weight();
+        match self.conv.bias() {
+            Some(b) if !BLAS && x.device().is_cpu() && x.dtype() == DType::F32 => {
+                let op = Conv3x3Cpu { neighbours: self.neighbours.clone(), input_grad: x.track_op() };
+                Ok(x.contiguous()?.apply_op3(&w.contiguous()?, b, op)?)
+            }
+            _ => self.forward_tensor_ops(x),
+        }
+    }
+
+    /// The same convolution as candle tensor operations: a gather of each
+    /// neighbourhood by index (`index_select`, backward `index_add`) and a
+    /// matrix product.
+    fn forward_tensor_ops(&self, x: &Tensor) -> Result<Tensor> {
         let (batch, positions, channels) = x.dims3()?;
-        // One zero row after the image stands for every tap off its edge.
+        let outside = (self.side * self.side) as u32;
+        let index: Vec<u32> = self.neighbours.iter().map(|&q| if q == OUTSIDE { outside } else { q }).collect();
+        let index = Tensor::from_vec(index, positions * 9, x.device())?;
         let padded = x.pad_with_zeros(1, 0, 1)?;
-        let cols = padded.index_select(&self.gather, 1)?.reshape((batch * positions, 9 * channels))?;
+        let cols = padded.index_select(&index, 1)?.reshape((batch * positions, 9 * channels))?;
         let w = self.conv.weight();
         let out_channels = w.dim(0)?;
-        // [out, in, 3, 3] -> [out, 3, 3, in]: columns in the gather's (tap, channel) order.
         let w = w.permute((0, 2, 3, 1))?.reshape((out_channels, 9 * channels))?;
         let mut y = cols.matmul(&w.t()?)?;
         if let Some(b) = self.conv.bias() {
@@ -61,91 +92,252 @@ impl Conv3x3 {
     }
 }
 
-/// 2x2 max-pooling, `[batch, side * side, channels]` to
-/// `[batch, (side / 2)^2, channels]` (side even).
-pub(crate) fn max_pool2(x: &Tensor, side: usize) -> Result<Tensor> {
-    let (batch, _, channels) = x.dims3()?;
-    let half = side / 2;
-    let y = x.reshape((batch, half, 2, half, 2, channels))?.max(4)?.max(2)?;
-    Ok(y.reshape((batch, half * half, channels))?)
+/// The shapes of one convolution: rows are `batch * positions`.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    batch: usize,
+    positions: usize,
+    inputs: usize,
+    outputs: usize,
 }
 
-/// A channels-last activation `[batch, side * side, channels]` as candle's
-/// `[batch, channels, side, side]`, flattened to `[batch, channels * side * side]`.
-pub(crate) fn channels_first_flat(x: &Tensor) -> Result<Tensor> {
-    let (batch, positions, channels) = x.dims3()?;
-    Ok(x.transpose(1, 2)?.contiguous()?.reshape((batch, channels * positions))?)
+impl Dims {
+    fn of(neighbours: &[u32], x: &Layout, w: &Layout) -> candle_core::Result<Self> {
+        let (&[batch, positions, inputs], &[outputs, w_in, 3, 3]) = (x.dims(), w.dims()) else {
+            return Err(Error::Msg(format!("conv3x3: input {:?}, weight {:?}", x.dims(), w.dims())));
+        };
+        if w_in != inputs || positions * 9 != neighbours.len() {
+            return Err(Error::Msg(format!(
+                "conv3x3: input {:?} for weight {:?} and {} positions",
+                x.dims(),
+                w.dims(),
+                neighbours.len() / 9
+            )));
+        }
+        Ok(Self { batch, positions, inputs, outputs })
+    }
+
+    fn rows(&self) -> usize {
+        self.batch * self.positions
+    }
+
+    /// Columns of the gathered rows: `inputs * 9`, the weight's row.
+    fn taps(&self) -> usize {
+        self.inputs * 9
+    }
+}
+
+/// Each position's neighbourhood as a row, `[c * 9 + k]` as the weight's
+/// `[in, 3, 3]` lies, zero outside the image.
+fn gather(x: &[f32], neighbours: &[u32], d: Dims) -> Vec<f32> {
+    let mut cols = vec![0.0f32; d.rows() * d.taps()];
+    for (r, row) in cols.chunks_exact_mut(d.taps()).enumerate() {
+        let (image, p) = (r / d.positions, r % d.positions);
+        let base = image * d.positions;
+        for (k, &q) in neighbours[9 * p..9 * p + 9].iter().enumerate() {
+            if q != OUTSIDE {
+                let at = (base + q as usize) * d.inputs;
+                for (c, v) in x[at..at + d.inputs].iter().enumerate() {
+                    row[c * 9 + k] = *v;
+                }
+            }
+        }
+    }
+    cols
+}
+
+/// Adds each gathered row's entries back to the positions they came from.
+fn scatter(cols: &[f32], neighbours: &[u32], d: Dims) -> Vec<f32> {
+    let mut x = vec![0.0f32; d.rows() * d.inputs];
+    for (r, row) in cols.chunks_exact(d.taps()).enumerate() {
+        let (image, p) = (r / d.positions, r % d.positions);
+        let base = image * d.positions;
+        for (k, &q) in neighbours[9 * p..9 * p + 9].iter().enumerate() {
+            if q != OUTSIDE {
+                let at = (base + q as usize) * d.inputs;
+                for (c, v) in x[at..at + d.inputs].iter_mut().enumerate() {
+                    *v += row[c * 9 + k];
+                }
+            }
+        }
+    }
+    x
+}
+
+/// Forward of [`Conv3x3`] on the CPU.
+struct Conv3x3Cpu {
+    neighbours: Arc<[u32]>,
+    /// Whether backward computes the input's gradient (not for a batch of
+    /// data).
+    input_grad: bool,
+}
+
+impl CustomOp3 for Conv3x3Cpu {
+    fn name(&self) -> &'static str {
+        "conv3x3"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let d = Dims::of(&self.neighbours, xl, wl)?;
+        let x = contiguous_f32(xs, xl, "conv3x3", "input")?;
+        let w = View::reshaped(ws, wl, d.outputs, d.taps(), "conv3x3", "weight")?;
+        let b = View::of(bs, bl, "conv3x3", "bias")?;
+        if b.rows != 1 || b.cols != d.outputs {
+            return Err(Error::Msg(format!("conv3x3: bias {:?} for {} outputs", bl.dims(), d.outputs)));
+        }
+        let bias: Vec<f32> = (0..d.outputs).map(|o| b.data[o * b.col_stride]).collect();
+        let mut y = Vec::with_capacity(d.rows() * d.outputs);
+        for _ in 0..d.rows() {
+            y.extend_from_slice(&bias);
+        }
+        let cols = gather(x, &self.neighbours, d);
+        product(&mut y, View::rows_of(&cols, d.taps()), w.t(), true)?;
+        Ok((CpuStorage::F32(y), Shape::from((d.batch, d.positions, d.outputs))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let input_grad = self.input_grad && x.track_op();
+        let op = Conv3x3Grad { neighbours: self.neighbours.clone(), input_grad };
+        let packed = x.apply_op3_no_bwd(w, &grad.contiguous()?, &op)?;
+        let (outputs, taps) = (w.dim(0)?, w.elem_count() / w.dim(0)?.max(1));
+        let dw = packed.narrow(0, 0, outputs * taps)?.reshape(w.shape())?;
+        let db = packed.narrow(0, outputs * taps, outputs)?;
+        let dx = if input_grad {
+            Some(packed.narrow(0, outputs * taps + outputs, x.elem_count())?.reshape(x.shape())?)
+        } else {
+            None
+        };
+        Ok((dx, Some(dw), Some(db)))
+    }
+}
+
+/// Backward of [`Conv3x3Cpu`]: from the input, the weight and the output's
+/// gradient, the weight's, the bias's and (when asked) the input's
+/// gradients, one after the other in one vector.
+struct Conv3x3Grad {
+    neighbours: Arc<[u32]>,
+    input_grad: bool,
+}
+
+impl CustomOp3 for Conv3x3Grad {
+    fn name(&self) -> &'static str {
+        "conv3x3-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let d = Dims::of(&self.neighbours, xl, wl)?;
+        let x = contiguous_f32(xs, xl, "conv3x3", "input")?;
+        let w = View::reshaped(ws, wl, d.outputs, d.taps(), "conv3x3", "weight")?;
+        let g = View::reshaped(gs, gl, d.rows(), d.outputs, "conv3x3", "gradient")?;
+        let weights = d.outputs * d.taps();
+        let inputs = if self.input_grad { d.rows() * d.inputs } else { 0 };
+        let mut out = vec![0.0f32; weights + d.outputs + inputs];
+        let cols = gather(x, &self.neighbours, d);
+        product(&mut out[..weights], g.t(), View::rows_of(&cols, d.taps()), false)?;
+        let db = &mut out[weights..weights + d.outputs];
+        for row in g.data.chunks_exact(d.outputs) {
+            db.iter_mut().zip(row).for_each(|(s, v)| *s += v);
+        }
+        if self.input_grad {
+            let mut dcols = vec![0.0f32; d.rows() * d.taps()];
+            product(&mut dcols, g, w, false)?;
+            out[weights + d.outputs..].copy_from_slice(&scatter(&dcols, &self.neighbours, d));
+        }
+        let len = out.len();
+        Ok((CpuStorage::F32(out), Shape::from(len)))
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Module, Var};
+    use candle_core::{Module, Var};
     use candle_nn::{Conv2dConfig, VarBuilder, VarMap, conv2d};
 
     use super::*;
+    use crate::model::{cpu_slice::max_diff, pool::relu_max_pool2};
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
-    }
-
-    /// Forward, the gather and matrix product compute what candle's
-    /// convolution and max-pooling compute; backward, what candle's
-    /// convolution computes, with candle's weights.
+    /// The operation and the tensor-operation version compute what candle's
+    /// convolution computes, forward and every gradient, with candle's
+    /// weights; with the CNN's pooling after it, what candle's
+    /// convolution, ReLU and pooling compute.
     #[test]
     fn matches_candles_convolution() {
         let dev = Device::Cpu;
-        let map = VarMap::new();
-        let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
-        let (side, cin, cout, batch) = (6, 3, 5, 2);
-        let conv = conv2d(cin, cout, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
-        let ours = Conv3x3::new(conv.clone(), side, &dev).unwrap();
-        let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev).unwrap()).unwrap();
-        let nhwc = x.permute((0, 2, 3, 1)).unwrap().reshape((batch, side * side, cin)).unwrap();
+        for (side, cin, cout, batch) in [(6, 3, 5, 2), (8, 16, 32, 4), (4, 1, 2, 1)] {
+            let map = VarMap::new();
+            let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
+            let conv = conv2d(cin, cout, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
+            let ours = Conv3x3::new(conv.clone(), side, &dev).unwrap();
+            let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev).unwrap()).unwrap();
+            let nhwc = x.permute((0, 2, 3, 1)).unwrap().reshape((batch, side * side, cin)).unwrap();
 
-        let pooled = channels_first_flat(&max_pool2(&ours.forward(&nhwc).unwrap().relu().unwrap(), side).unwrap());
-        let theirs = conv.forward(&x).unwrap().relu().unwrap().max_pool2d(2).unwrap().flatten_from(1).unwrap();
-        assert!(max_diff(&pooled.unwrap(), &theirs) < 1e-5);
+            let pooled = relu_max_pool2(&ours.forward(&nhwc).unwrap(), side, true).unwrap();
+            let theirs = conv.forward(&x).unwrap().relu().unwrap().max_pool2d(2).unwrap().flatten_from(1).unwrap();
+            assert!(max_diff(&pooled, &theirs) < 1e-5);
 
-        let mine = channels_first_flat(&ours.forward(&nhwc).unwrap()).unwrap();
-        let theirs = conv.forward(&x).unwrap().flatten_from(1).unwrap();
-        assert!(max_diff(&mine, &theirs) < 1e-5);
-        let probe = Tensor::randn(0f32, 1.0, mine.shape(), &dev).unwrap();
-        let g_mine = (&mine * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let g_theirs = (&theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        for (name, t) in [("input", x.as_tensor()), ("weight", conv.weight()), ("bias", conv.bias().unwrap())] {
-            let diff = max_diff(g_mine.get(t).unwrap(), g_theirs.get(t).unwrap());
-            assert!(diff < 1e-4, "{name} gradient differs by {diff}");
-        }
-    }
-
-    /// Max-pooling's gradient is 1 at each window's maximum and 0 elsewhere.
-    /// (candle 0.11's `max_pool2d` backward gives 1/4 at the maximum: its
-    /// tie correction multiplies by the share of maxima in the window where
-    /// it should divide, so the digits CNN's convolutions had learnt from
-    /// gradients scaled by 1/4 and 1/16 before they were computed here.)
-    #[test]
-    fn max_pooling_passes_the_gradient_to_each_maximum() {
-        let dev = Device::Cpu;
-        let (side, channels) = (4, 2);
-        let values: Vec<f32> = (0..side * side * channels).map(|i| ((i * 7919) % 101) as f32).collect();
-        let x = Var::from_vec(values.clone(), (1, side * side, channels), &dev).unwrap();
-        let grads = max_pool2(&x, side).unwrap().sum_all().unwrap().backward().unwrap();
-        let g = grads.get(x.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let mut expected = vec![0f32; values.len()];
-        for c in 0..channels {
-            for wy in 0..side / 2 {
-                for wx in 0..side / 2 {
-                    let window = [(0, 0), (0, 1), (1, 0), (1, 1)]
-                        .map(|(dy, dx)| ((2 * wy + dy) * side + 2 * wx + dx) * channels + c);
-                    let top = window.into_iter().max_by(|a, b| values[*a].total_cmp(&values[*b])).unwrap();
-                    expected[top] = 1.0;
+            let theirs = conv.forward(&x).unwrap().flatten_from(1).unwrap();
+            let probe = Tensor::randn(0f32, 1.0, theirs.shape(), &dev).unwrap();
+            let g_theirs = (&theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            for mine in [ours.forward(&nhwc).unwrap(), ours.forward_tensor_ops(&nhwc).unwrap()] {
+                let mine = mine.transpose(1, 2).unwrap().flatten_from(1).unwrap();
+                assert!(max_diff(&mine, &theirs) < 1e-5);
+                let g_mine = (&mine * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+                for (name, t) in [("input", x.as_tensor()), ("weight", conv.weight()), ("bias", conv.bias().unwrap())] {
+                    let diff = max_diff(g_mine.get(t).unwrap(), g_theirs.get(t).unwrap());
+                    assert!(diff < 1e-4, "{name} gradient differs by {diff}");
                 }
             }
         }
-        assert_eq!(g, expected);
-        let candle = x.reshape((1, side, side, channels)).unwrap().permute((0, 3, 1, 2)).unwrap();
-        let theirs = candle.max_pool2d(2).unwrap().sum_all().unwrap().backward().unwrap();
-        let theirs = theirs.get(x.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert!(theirs.iter().zip(&expected).all(|(t, e)| (t - e / 4.0).abs() < 1e-6), "candle's changed: {theirs:?}");
+    }
+
+    /// A batch of data gets no gradient; the weights still do.
+    #[test]
+    fn a_constant_input_gets_no_gradient() {
+        let dev = Device::Cpu;
+        let map = VarMap::new();
+        let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
+        let conv = conv2d(2, 3, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
+        let ours = Conv3x3::new(conv.clone(), 4, &dev).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (2, 16, 2), &dev).unwrap();
+        let grads = ours.forward(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(grads.get(&x).is_none());
+        assert!(grads.get(conv.weight()).is_some() && grads.get(conv.bias().unwrap()).is_some());
+    }
+
+    /// Inputs whose channels or positions do not fit the layer are errors.
+    #[test]
+    fn refuses_mismatched_shapes() {
+        let dev = Device::Cpu;
+        let map = VarMap::new();
+        let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
+        let conv = conv2d(2, 3, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
+        let ours = Conv3x3::new(conv, 4, &dev).unwrap();
+        assert!(ours.forward(&Tensor::zeros((2, 16, 2), DType::F32, &dev).unwrap()).is_ok());
+        assert!(ours.forward(&Tensor::zeros((2, 16, 3), DType::F32, &dev).unwrap()).is_err());
+        assert!(ours.forward(&Tensor::zeros((2, 9, 2), DType::F32, &dev).unwrap()).is_err());
+        assert!(ours.forward(&Tensor::zeros((32, 2), DType::F32, &dev).unwrap()).is_err());
     }
 }

@@ -14,11 +14,12 @@
 
 use candle_core::{CpuStorage, CustomOp3, DType, Error, Layout, Module, Shape, Tensor};
 use candle_nn::{Linear, VarBuilder};
-use gemm::Parallelism;
+
+use super::cpu_gemm::{View, product};
 
 /// Whether candle's CPU products go to a BLAS: then backward's products
 /// would not run the forward's kernel, so `Linear` runs throughout.
-const BLAS: bool = cfg!(any(feature = "mkl", feature = "accelerate"));
+pub(crate) const BLAS: bool = cfg!(any(feature = "mkl", feature = "accelerate"));
 
 /// `x @ w.t() + b` over rows, with `Linear`'s parameters.
 #[derive(Clone, Debug)]
@@ -44,39 +45,6 @@ impl Module for Dense {
     }
 }
 
-/// A rank-2 f32 view: the storage from the view's first element, its rows,
-/// columns and strides, checked to stay inside the storage.
-struct View<'a> {
-    data: &'a [f32],
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
-}
-
-impl<'a> View<'a> {
-    fn of(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Self> {
-        let CpuStorage::F32(all) = s else {
-            return Err(Error::Msg(format!("dense: {what} is not f32")));
-        };
-        let (dims, stride) = (l.dims(), l.stride());
-        let (rows, cols, row_stride, col_stride) = match (dims, stride) {
-            ([r, c], [rs, cs]) => (*r, *c, *rs, *cs),
-            ([c], [cs]) => (1, *c, 0, *cs),
-            _ => return Err(Error::Msg(format!("dense: {what} has rank {}", dims.len()))),
-        };
-        let data = all.get(l.start_offset()..).unwrap_or_default();
-        let last = rows
-            .saturating_sub(1)
-            .checked_mul(row_stride)
-            .and_then(|r| cols.saturating_sub(1).checked_mul(col_stride).and_then(|c| r.checked_add(c)));
-        if rows > 0 && cols > 0 && last.is_none_or(|last| last >= data.len()) {
-            return Err(Error::Msg(format!("dense: {what} reaches past its storage")));
-        }
-        Ok(Self { data, rows, cols, row_stride, col_stride })
-    }
-}
-
 /// Forward of [`Dense`] on the CPU.
 struct DenseCpu;
 
@@ -94,9 +62,9 @@ impl CustomOp3 for DenseCpu {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = View::of(xs, xl, "input")?;
-        let w = View::of(ws, wl, "weight")?;
-        let b = View::of(bs, bl, "bias")?;
+        let x = View::of(xs, xl, "dense", "input")?;
+        let w = View::of(ws, wl, "dense", "weight")?;
+        let b = View::of(bs, bl, "dense", "bias")?;
         if x.cols != w.cols || b.rows != 1 || b.cols != w.rows {
             return Err(Error::Msg(format!(
                 "dense: input [{}, {}], weight [{}, {}], bias [{}]",
@@ -109,9 +77,7 @@ impl CustomOp3 for DenseCpu {
         for _ in 0..n {
             y.extend_from_slice(&bias);
         }
-        if n > 0 && out > 0 && x.cols > 0 {
-            product_into(&mut y, &x, &w);
-        }
+        product(&mut y, x, w.t(), true)?;
         Ok((CpuStorage::F32(y), Shape::from((n, out))))
     }
 
@@ -129,41 +95,6 @@ impl CustomOp3 for DenseCpu {
         let ones = Tensor::ones((1, grad.dim(0)?), grad.dtype(), grad.device())?;
         let db = ones.matmul(grad)?.squeeze(0)?;
         Ok((dx, Some(dw), Some(db)))
-    }
-}
-
-/// `y += x @ w.t()`, `y` contiguous `[x.rows, w.rows]`, on candle's threads.
-#[allow(unsafe_code)]
-fn product_into(y: &mut [f32], x: &View<'_>, w: &View<'_>) {
-    assert_eq!(y.len(), x.rows * w.rows, "dense: output size");
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
-    // SAFETY: `View::of` checked that every element the strides reach is
-    // inside `x.data` and `w.data`, and `y` holds `x.rows * w.rows`
-    // contiguous elements written row by row (row stride `w.rows`); the
-    // three do not overlap (`y` is ours alone).
-    unsafe {
-        gemm::gemm(
-            x.rows,
-            w.rows,
-            x.cols,
-            y.as_mut_ptr(),
-            1,
-            w.rows as isize,
-            true,
-            x.data.as_ptr(),
-            x.col_stride as isize,
-            x.row_stride as isize,
-            w.data.as_ptr(),
-            w.row_stride as isize,
-            w.col_stride as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
     }
 }
 

@@ -6,6 +6,7 @@ use candle_nn::VarBuilder;
 use super::{
     Tap,
     dense::{Dense, dense},
+    relu::relu,
 };
 use crate::Result;
 
@@ -42,7 +43,7 @@ impl Mlp {
         for (i, l) in self.layers.iter().enumerate() {
             h = l.forward(&h)?;
             if i + 1 < self.layers.len() {
-                h = h.relu()?;
+                h = relu(&h)?;
                 if let Some(tap) = tap.as_mut() {
                     tap(format!("l{i}"), &h);
                 }
