@@ -37,8 +37,8 @@ impl Cnn {
         let cfg = Conv2dConfig { padding: 1, ..Default::default() };
         let flat = channels[1] * (side / 4) * (side / 4);
         Ok(Self {
-            conv1: Conv3x3::new(conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?, side, vb.device())?,
-            conv2: Conv3x3::new(conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?, side / 2, vb.device())?,
+            conv1: Conv3x3::new(conv2d(1, channels[0], 3, cfg, vb.pp("conv1"))?, side),
+            conv2: Conv3x3::new(conv2d(channels[0], channels[1], 3, cfg, vb.pp("conv2"))?, side / 2),
             fc1: dense(flat, hidden, vb.pp("fc1"))?,
             fc2: dense(hidden, classes, vb.pp("fc2"))?,
             side,

@@ -13,12 +13,13 @@
 //! own allocation and its own backward, and their overhead, not the
 //! arithmetic, set its time. The weights keep candle's `[out, in, 3, 3]`
 //! layout and names, so a checkpoint is the same whichever way the
-//! convolution is computed; on other devices and dtypes the tensor
+//! convolution is computed. On other devices and dtypes, for a layer
+//! without a bias and where candle's products go to a BLAS, the tensor
 //! operations run.
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp3, DType, Device, Error, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, DType, Error, Layout, Shape, Tensor};
 use candle_nn::Conv2d;
 
 use super::{
@@ -42,7 +43,7 @@ pub(crate) struct Conv3x3 {
 }
 
 impl Conv3x3 {
-    pub(crate) fn new(conv: Conv2d, side: usize, _device: &Device) -> Result<Self> {
+    pub(crate) fn new(conv: Conv2d, side: usize) -> Self {
         let mut neighbours = Vec::with_capacity(side * side * 9);
         for y in 0..side as isize {
             for x in 0..side as isize {
@@ -55,7 +56,7 @@ impl Conv3x3 {
                 }
             }
         }
-        Ok(Self { conv, side, neighbours: neighbours.into() })
+        Self { conv, side, neighbours: neighbours.into() }
     }
 
     /// `x` is `[batch, side * side, channels]`; so is the output, with the
@@ -106,7 +107,9 @@ impl Dims {
         let (&[batch, positions, inputs], &[outputs, w_in, 3, 3]) = (x.dims(), w.dims()) else {
             return Err(Error::Msg(format!("conv3x3: input {:?}, weight {:?}", x.dims(), w.dims())));
         };
-        if w_in != inputs || positions * 9 != neighbours.len() {
+        let sizes = [batch, positions, inputs, 9, outputs];
+        let fits = sizes.iter().try_fold(1usize, |n, s| n.checked_mul(*s)).is_some();
+        if w_in != inputs || inputs == 0 || outputs == 0 || !fits || positions * 9 != neighbours.len() {
             return Err(Error::Msg(format!(
                 "conv3x3: input {:?} for weight {:?} and {} positions",
                 x.dims(),
@@ -190,10 +193,10 @@ impl CustomOp3 for Conv3x3Cpu {
         let x = contiguous_f32(xs, xl, "conv3x3", "input")?;
         let w = View::reshaped(ws, wl, d.outputs, d.taps(), "conv3x3", "weight")?;
         let b = View::of(bs, bl, "conv3x3", "bias")?;
-        if b.rows != 1 || b.cols != d.outputs {
-            return Err(Error::Msg(format!("conv3x3: bias {:?} for {} outputs", bl.dims(), d.outputs)));
-        }
-        let bias: Vec<f32> = (0..d.outputs).map(|o| b.data[o * b.col_stride]).collect();
+        let bias = match b.row(0) {
+            Some(bias) if b.rows() == 1 && bias.len() == d.outputs => bias,
+            _ => return Err(Error::Msg(format!("conv3x3: bias {:?} for {} outputs", bl.dims(), d.outputs))),
+        };
         let mut y = Vec::with_capacity(d.rows() * d.outputs);
         for _ in 0..d.rows() {
             y.extend_from_slice(&bias);
@@ -252,13 +255,14 @@ impl CustomOp3 for Conv3x3Grad {
         let x = contiguous_f32(xs, xl, "conv3x3", "input")?;
         let w = View::reshaped(ws, wl, d.outputs, d.taps(), "conv3x3", "weight")?;
         let g = View::reshaped(gs, gl, d.rows(), d.outputs, "conv3x3", "gradient")?;
+        let g_rows = contiguous_f32(gs, gl, "conv3x3", "gradient")?;
         let weights = d.outputs * d.taps();
         let inputs = if self.input_grad { d.rows() * d.inputs } else { 0 };
         let mut out = vec![0.0f32; weights + d.outputs + inputs];
         let cols = gather(x, &self.neighbours, d);
         product(&mut out[..weights], g.t(), View::rows_of(&cols, d.taps()), false)?;
         let db = &mut out[weights..weights + d.outputs];
-        for row in g.data.chunks_exact(d.outputs) {
+        for row in g_rows.chunks_exact(d.outputs) {
             db.iter_mut().zip(row).for_each(|(s, v)| *s += v);
         }
         if self.input_grad {
@@ -273,7 +277,7 @@ impl CustomOp3 for Conv3x3Grad {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Module, Var};
+    use candle_core::{Device, Module, Var};
     use candle_nn::{Conv2dConfig, VarBuilder, VarMap, conv2d};
 
     use super::*;
@@ -290,7 +294,7 @@ mod tests {
             let map = VarMap::new();
             let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
             let conv = conv2d(cin, cout, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
-            let ours = Conv3x3::new(conv.clone(), side, &dev).unwrap();
+            let ours = Conv3x3::new(conv.clone(), side);
             let x = Var::from_tensor(&Tensor::randn(0f32, 1.0, (batch, cin, side, side), &dev).unwrap()).unwrap();
             let nhwc = x.permute((0, 2, 3, 1)).unwrap().reshape((batch, side * side, cin)).unwrap();
 
@@ -313,18 +317,26 @@ mod tests {
         }
     }
 
-    /// A batch of data gets no gradient; the weights still do.
+    /// A batch of data gets no gradient; the weights still get candle's.
     #[test]
     fn a_constant_input_gets_no_gradient() {
         let dev = Device::Cpu;
         let map = VarMap::new();
         let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
         let conv = conv2d(2, 3, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
-        let ours = Conv3x3::new(conv.clone(), 4, &dev).unwrap();
-        let x = Tensor::randn(0f32, 1.0, (2, 16, 2), &dev).unwrap();
-        let grads = ours.forward(&x).unwrap().sum_all().unwrap().backward().unwrap();
-        assert!(grads.get(&x).is_none());
-        assert!(grads.get(conv.weight()).is_some() && grads.get(conv.bias().unwrap()).is_some());
+        let ours = Conv3x3::new(conv.clone(), 4);
+        let x = Tensor::randn(0f32, 1.0, (2, 2, 4, 4), &dev).unwrap();
+        let nhwc = x.permute((0, 2, 3, 1)).unwrap().reshape((2, 16, 2)).unwrap();
+        let mine = ours.forward(&nhwc).unwrap().transpose(1, 2).unwrap().flatten_from(1).unwrap();
+        let theirs = conv.forward(&x).unwrap().flatten_from(1).unwrap();
+        let probe = Tensor::randn(0f32, 1.0, theirs.shape(), &dev).unwrap();
+        let g_mine = (&mine * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g_theirs = (&theirs * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(g_mine.get(&nhwc).is_none() && g_mine.get(&x).is_none());
+        for (name, t) in [("weight", conv.weight()), ("bias", conv.bias().unwrap())] {
+            let diff = max_diff(g_mine.get(t).unwrap(), g_theirs.get(t).unwrap());
+            assert!(diff < 1e-4, "{name} gradient differs by {diff}");
+        }
     }
 
     /// Inputs whose channels or positions do not fit the layer are errors.
@@ -334,10 +346,15 @@ mod tests {
         let map = VarMap::new();
         let vb = VarBuilder::from_varmap(&map, DType::F32, &dev);
         let conv = conv2d(2, 3, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("c")).unwrap();
-        let ours = Conv3x3::new(conv, 4, &dev).unwrap();
+        let ours = Conv3x3::new(conv, 4);
         assert!(ours.forward(&Tensor::zeros((2, 16, 2), DType::F32, &dev).unwrap()).is_ok());
         assert!(ours.forward(&Tensor::zeros((2, 16, 3), DType::F32, &dev).unwrap()).is_err());
         assert!(ours.forward(&Tensor::zeros((2, 9, 2), DType::F32, &dev).unwrap()).is_err());
         assert!(ours.forward(&Tensor::zeros((32, 2), DType::F32, &dev).unwrap()).is_err());
+        // No input channels: refused, not a panic.
+        let conv = conv2d(1, 3, 3, Conv2dConfig { padding: 1, ..Default::default() }, vb.pp("d")).unwrap();
+        let empty =
+            Conv2d::new(Tensor::zeros((3, 0, 3, 3), DType::F32, &dev).unwrap(), conv.bias().cloned(), *conv.config());
+        assert!(Conv3x3::new(empty, 4).forward(&Tensor::zeros((2, 16, 0), DType::F32, &dev).unwrap()).is_err());
     }
 }

@@ -8,14 +8,16 @@ use candle_core::{CpuStorage, Error, Layout};
 use gemm::Parallelism;
 
 /// A rank-2 f32 view: the storage from the view's first element, its rows,
-/// columns and strides, checked to stay inside the storage.
+/// columns and strides, checked to stay inside the storage. The fields are
+/// private so that every view is made by a constructor that checks them:
+/// [`product`] hands them to gemm unchecked.
 #[derive(Clone, Copy)]
 pub(crate) struct View<'a> {
-    pub(crate) data: &'a [f32],
-    pub(crate) rows: usize,
-    pub(crate) cols: usize,
-    pub(crate) row_stride: usize,
-    pub(crate) col_stride: usize,
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+    col_stride: usize,
 }
 
 impl<'a> View<'a> {
@@ -53,6 +55,20 @@ impl<'a> View<'a> {
         Self { data, rows, cols, row_stride: cols, col_stride: 1 }
     }
 
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The elements of row `r` (the bias of a layer), or `None` past the
+    /// last row.
+    pub(crate) fn row(&self, r: usize) -> Option<Vec<f32>> {
+        (r < self.rows).then(|| (0..self.cols).map(|c| self.data[r * self.row_stride + c * self.col_stride]).collect())
+    }
+
     /// The transposed view of the same data.
     pub(crate) fn t(self) -> Self {
         Self { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
@@ -86,7 +102,8 @@ fn f32_storage<'a>(s: &'a CpuStorage, op: &str, what: &str) -> candle_core::Resu
 }
 
 /// `dst = a @ b`, or `dst += a @ b` when `accumulate`; `dst` holds the
-/// product's rows contiguously. Runs on candle's threads.
+/// product's rows contiguously. Runs on rayon's global pool with candle's
+/// thread count, as candle's own matrix products do.
 #[allow(unsafe_code)]
 pub(crate) fn product(dst: &mut [f32], a: View<'_>, b: View<'_>, accumulate: bool) -> candle_core::Result<()> {
     let (m, k, n) = (a.rows, a.cols, b.cols);
@@ -177,7 +194,7 @@ mod tests {
         assert!(product(&mut out[..3], View::rows_of(&a, 3), View::rows_of(&a, 2), false).is_err());
         assert!(View::checked(&a, 3, 3, 3, 1, "test", "a").is_err());
         let mut empty_k = vec![5.0; 4];
-        let zero_k = View { data: &[], rows: 2, cols: 0, row_stride: 0, col_stride: 1 };
+        let zero_k = View::checked(&[], 2, 0, 0, 1, "test", "a").unwrap();
         product(&mut empty_k, zero_k, zero_k.t(), false).unwrap();
         assert_eq!(empty_k, vec![0.0; 4]);
     }

@@ -65,14 +65,21 @@ impl CustomOp3 for DenseCpu {
         let x = View::of(xs, xl, "dense", "input")?;
         let w = View::of(ws, wl, "dense", "weight")?;
         let b = View::of(bs, bl, "dense", "bias")?;
-        if x.cols != w.cols || b.rows != 1 || b.cols != w.rows {
-            return Err(Error::Msg(format!(
-                "dense: input [{}, {}], weight [{}, {}], bias [{}]",
-                x.rows, x.cols, w.rows, w.cols, b.cols
-            )));
-        }
-        let (n, out) = (x.rows, w.rows);
-        let bias: Vec<f32> = (0..out).map(|o| b.data[o * b.col_stride]).collect();
+        let bias = match b.row(0) {
+            Some(bias) if x.cols() == w.cols() && b.rows() == 1 && b.cols() == w.rows() => bias,
+            _ => {
+                return Err(Error::Msg(format!(
+                    "dense: input [{}, {}], weight [{}, {}], bias [{}, {}]",
+                    x.rows(),
+                    x.cols(),
+                    w.rows(),
+                    w.cols(),
+                    b.rows(),
+                    b.cols()
+                )));
+            }
+        };
+        let (n, out) = (x.rows(), w.rows());
         let mut y = Vec::with_capacity(n * out);
         for _ in 0..n {
             y.extend_from_slice(&bias);

@@ -52,7 +52,7 @@ struct Pool {
 impl Pool {
     fn of(l: &Layout, side: usize, channels_first: bool) -> candle_core::Result<Self> {
         match l.dims() {
-            &[batch, positions, channels] if side.is_multiple_of(2) && positions == side * side => {
+            &[batch, positions, channels] if side.is_multiple_of(2) && Some(positions) == side.checked_mul(side) => {
                 Ok(Self { batch, side, channels, channels_first })
             }
             dims => Err(Error::Msg(format!("relu-max-pool2: input {dims:?} for side {side}"))),
@@ -184,10 +184,13 @@ mod tests {
         let (batch, side, channels) = (3, 6, 5);
         let mut values: Vec<f32> =
             (0..batch * side * side * channels).map(|i| ((i * 7919 % 211) as f32 - 105.0) / 10.0).collect();
-        // The first window: channel 0 all negative, channel 1 a tie at its
-        // maximum, channel 2 a tie at zero.
+        // The first window (top left, top right, bottom left, bottom right):
+        // channel 0 all negative, channel 1 a tie in a row, channel 2 a tie
+        // at zero, channel 3 a tie in a column, channel 4 four equal values.
         let window = [0, channels, side * channels, (side + 1) * channels];
-        for (c, four) in [[-1.0, -2.0, -3.0, -4.0], [2.5, 2.5, 1.0, 1.0], [0.0, -1.0, -1.0, 0.0]].iter().enumerate() {
+        let fours =
+            [[-1.0, -2.0, -3.0, -4.0], [2.5, 2.5, 1.0, 1.0], [0.0, -1.0, -1.0, 0.0], [3.0, 1.0, 3.0, 1.0], [0.5; 4]];
+        for (c, four) in fours.iter().enumerate() {
             for (at, v) in window.iter().zip(four) {
                 values[at + c] = *v;
             }
@@ -219,6 +222,11 @@ mod tests {
         assert!(relu_max_pool2(&x, 5, true).is_err());
     }
 
+    /// Max-pooling's gradient is 1 at each window's maximum and 0 elsewhere.
+    /// (candle 0.11's `max_pool2d` backward gives 1/4 at the maximum: its
+    /// tie correction multiplies by the share of maxima in the window where
+    /// it should divide, so the digits CNN's convolutions had learnt from
+    /// gradients scaled by 1/4 and 1/16 before they were computed here.)
     #[test]
     fn max_pooling_passes_the_gradient_to_each_maximum() {
         let dev = Device::Cpu;
