@@ -23,7 +23,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Error, Layout, Shape, Tensor};
 use candle_nn::Conv2d;
 
 use super::{
-    cpu_gemm::{View, product},
+    cpu_gemm::{View, biased_product, product},
     cpu_slice::contiguous_f32,
     dense::BLAS,
 };
@@ -136,10 +136,9 @@ fn gather(x: &[f32], neighbours: &[u32], d: Dims) -> Vec<f32> {
     let mut cols = vec![0.0f32; d.rows() * d.taps()];
     for (r, row) in cols.chunks_exact_mut(d.taps()).enumerate() {
         let (image, p) = (r / d.positions, r % d.positions);
-        let base = image * d.positions;
         for (k, &q) in neighbours[9 * p..9 * p + 9].iter().enumerate() {
             if q != OUTSIDE {
-                let at = (base + q as usize) * d.inputs;
+                let at = (image * d.positions + q as usize) * d.inputs;
                 for (c, v) in x[at..at + d.inputs].iter().enumerate() {
                     row[c * 9 + k] = *v;
                 }
@@ -149,22 +148,20 @@ fn gather(x: &[f32], neighbours: &[u32], d: Dims) -> Vec<f32> {
     cols
 }
 
-/// Adds each gathered row's entries back to the positions they came from.
-fn scatter(cols: &[f32], neighbours: &[u32], d: Dims) -> Vec<f32> {
-    let mut x = vec![0.0f32; d.rows() * d.inputs];
+/// Adds each gathered row's entries into `x` (zeroed, the input's size) at
+/// the positions they came from: [`gather`] backwards.
+fn scatter_into(x: &mut [f32], cols: &[f32], neighbours: &[u32], d: Dims) {
     for (r, row) in cols.chunks_exact(d.taps()).enumerate() {
         let (image, p) = (r / d.positions, r % d.positions);
-        let base = image * d.positions;
         for (k, &q) in neighbours[9 * p..9 * p + 9].iter().enumerate() {
             if q != OUTSIDE {
-                let at = (base + q as usize) * d.inputs;
+                let at = (image * d.positions + q as usize) * d.inputs;
                 for (c, v) in x[at..at + d.inputs].iter_mut().enumerate() {
                     *v += row[c * 9 + k];
                 }
             }
         }
     }
-    x
 }
 
 /// Forward of [`Conv3x3`] on the CPU.
@@ -193,16 +190,9 @@ impl CustomOp3 for Conv3x3Cpu {
         let x = contiguous_f32(xs, xl, "conv3x3", "input")?;
         let w = View::reshaped(ws, wl, d.outputs, d.taps(), "conv3x3", "weight")?;
         let b = View::of(bs, bl, "conv3x3", "bias")?;
-        let bias = match b.row(0) {
-            Some(bias) if b.rows() == 1 && bias.len() == d.outputs => bias,
-            _ => return Err(Error::Msg(format!("conv3x3: bias {:?} for {} outputs", bl.dims(), d.outputs))),
-        };
-        let mut y = Vec::with_capacity(d.rows() * d.outputs);
-        for _ in 0..d.rows() {
-            y.extend_from_slice(&bias);
-        }
         let cols = gather(x, &self.neighbours, d);
-        product(&mut y, View::rows_of(&cols, d.taps()), w.t(), true)?;
+        let y = biased_product(View::rows_of(&cols, d.taps()), w.t(), b)
+            .map_err(|e| Error::Msg(format!("conv3x3: {e}")))?;
         Ok((CpuStorage::F32(y), Shape::from((d.batch, d.positions, d.outputs))))
     }
 
@@ -268,7 +258,7 @@ impl CustomOp3 for Conv3x3Grad {
         if self.input_grad {
             let mut dcols = vec![0.0f32; d.rows() * d.taps()];
             product(&mut dcols, g, w, false)?;
-            out[weights + d.outputs..].copy_from_slice(&scatter(&dcols, &self.neighbours, d));
+            scatter_into(&mut out[weights + d.outputs..], &dcols, &self.neighbours, d);
         }
         let len = out.len();
         Ok((CpuStorage::F32(out), Shape::from(len)))

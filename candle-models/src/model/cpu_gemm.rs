@@ -150,6 +150,22 @@ pub(crate) fn product(dst: &mut [f32], a: View<'_>, b: View<'_>, accumulate: boo
     Ok(())
 }
 
+/// `bias + a @ b` as contiguous rows: the bias (one row of `b.cols()`)
+/// written into every row, then one product added to it, so a layer's
+/// output needs no pass of its own for the bias.
+pub(crate) fn biased_product(a: View<'_>, b: View<'_>, bias: View<'_>) -> candle_core::Result<Vec<f32>> {
+    let row = match bias.row(0) {
+        Some(row) if bias.rows == 1 && row.len() == b.cols => row,
+        _ => return Err(Error::Msg(format!("bias [{}, {}] for {} outputs", bias.rows, bias.cols, b.cols))),
+    };
+    let mut y = Vec::with_capacity(a.rows.saturating_mul(b.cols));
+    for _ in 0..a.rows {
+        y.extend_from_slice(&row);
+    }
+    product(&mut y, a, b, true)?;
+    Ok(y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

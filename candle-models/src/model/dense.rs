@@ -15,7 +15,7 @@
 use candle_core::{CpuStorage, CustomOp3, DType, Error, Layout, Module, Shape, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
-use super::cpu_gemm::{View, product};
+use super::cpu_gemm::{View, biased_product};
 
 /// Whether candle's CPU products go to a BLAS: then backward's products
 /// would not run the forward's kernel, so `Linear` runs throughout.
@@ -65,27 +65,18 @@ impl CustomOp3 for DenseCpu {
         let x = View::of(xs, xl, "dense", "input")?;
         let w = View::of(ws, wl, "dense", "weight")?;
         let b = View::of(bs, bl, "dense", "bias")?;
-        let bias = match b.row(0) {
-            Some(bias) if x.cols() == w.cols() && b.rows() == 1 && b.cols() == w.rows() => bias,
-            _ => {
-                return Err(Error::Msg(format!(
-                    "dense: input [{}, {}], weight [{}, {}], bias [{}, {}]",
-                    x.rows(),
-                    x.cols(),
-                    w.rows(),
-                    w.cols(),
-                    b.rows(),
-                    b.cols()
-                )));
-            }
-        };
-        let (n, out) = (x.rows(), w.rows());
-        let mut y = Vec::with_capacity(n * out);
-        for _ in 0..n {
-            y.extend_from_slice(&bias);
-        }
-        product(&mut y, x, w.t(), true)?;
-        Ok((CpuStorage::F32(y), Shape::from((n, out))))
+        let y = biased_product(x, w.t(), b).map_err(|e| {
+            Error::Msg(format!(
+                "dense: input [{}, {}], weight [{}, {}], bias [{}, {}]: {e}",
+                x.rows(),
+                x.cols(),
+                w.rows(),
+                w.cols(),
+                b.rows(),
+                b.cols()
+            ))
+        })?;
+        Ok((CpuStorage::F32(y), Shape::from((x.rows(), w.rows()))))
     }
 
     fn bwd(
