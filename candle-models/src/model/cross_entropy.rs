@@ -120,11 +120,15 @@ impl CustomOp3 for CrossEntropyGrad {
         let scale = g / targets.len() as f32;
         let mut out = vec![0.0f32; logits.len()];
         for ((row, o), &t) in logits.chunks_exact(classes).zip(out.chunks_exact_mut(classes)).zip(targets) {
-            let (max, sum) = max_and_sum(row);
-            let k = scale / sum;
+            // Each exponential once: into the output, then scaled.
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
             for (o, v) in o.iter_mut().zip(row) {
-                *o = (v - max).exp() * k;
+                *o = (v - max).exp();
+                sum += *o;
             }
+            let k = scale / sum;
+            o.iter_mut().for_each(|o| *o *= k);
             o[t as usize] -= scale;
         }
         Ok((CpuStorage::F32(out), l1.shape().clone()))
